@@ -1,0 +1,41 @@
+# headrace developer commands. The README's quickstart is `make demo` and `make test`;
+# both create the project-local .venv on first use (and again when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test fast lint typecheck bench anchors clean
+
+$(STAMP): pyproject.toml
+	@scripts/check-prereqs $(PYTHON)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	@touch $@
+
+## The main job. Until `headrace demo` exists (the Spark issue), the NATS example.
+demo: $(STAMP)
+	$(BIN)/python examples/hello_nats.py
+
+## The whole test suite: real nats-server processes, fuzzing, slow tests included.
+test: $(STAMP)
+	$(BIN)/pytest
+
+## The fast set, for the edit-test loop (under a minute).
+fast: $(STAMP)
+	HYPOTHESIS_PROFILE=dev $(BIN)/pytest -q -m "not slow and not spark"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/headrace bench core
+
+## The peers' own figures on this machine (nats-py, nats.js, libnats), for context.
+anchors: $(STAMP)
+	../shared/anchors/run --python $(BIN)/python
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
