@@ -1,0 +1,241 @@
+"""The server-to-client half of the NATS protocol as a sans-IO parser.
+
+Feed it whatever the socket gave you; it returns every event that is complete so far and keeps
+the remainder. The result does not depend on how the bytes were split::
+
+    parser = ProtocolParser()
+    for event in parser.feed(data):
+        ...
+
+Work is per batch, not per byte: a control line is found with one ``bytes.find``, split with one
+``bytes.split``, and the payload is a single slice. While a large payload is still arriving, the
+chunks are kept in a list and joined once, so a message spread over many reads costs one copy,
+not a copy per read.
+
+A malformed frame raises :class:`~headrace.errors.ProtocolError`. The events that were complete
+before the bad frame are attached to the exception as ``events`` so that nothing valid is lost;
+after an error the parser stays failed (the connection must be re-established anyway).
+"""
+
+from __future__ import annotations
+
+import json
+
+from headrace.errors import ControlLineTooLong, ProtocolError
+from headrace.protocol.events import OK, PING, PONG, Err, Event, Info, Msg, ServerInfo
+
+#: nats-server's default ``max_control_line``; the client uses the same bound for lines it reads.
+DEFAULT_MAX_CONTROL_LINE = 4096
+#: The largest payload nats-server can be configured to allow (64 MiB).
+DEFAULT_MAX_INBOUND_PAYLOAD = 64 * 1024 * 1024
+
+_HDR_MIN = len(b"NATS/1.0\r\n\r\n")
+
+_MSG, _HMSG, _PING, _PONG, _OK, _ERR, _INFO = range(7)
+
+
+def _classify(line: bytes) -> int:
+    """The operation of ``line`` in the general case (any case, tab separators)."""
+    head = line[:5].upper()
+    if head.startswith((b"MSG ", b"MSG\t")):
+        return _MSG
+    if head in (b"HMSG ", b"HMSG\t"):
+        return _HMSG
+    stripped = line.strip(b" \t").upper()
+    if stripped == b"PING":
+        return _PING
+    if stripped == b"PONG":
+        return _PONG
+    if stripped == b"+OK":
+        return _OK
+    if head in (b"-ERR", b"-ERR ", b"-ERR\t"):
+        return _ERR
+    if head in (b"INFO ", b"INFO\t"):
+        return _INFO
+    raise ProtocolError(f"unknown protocol operation: {line[:64]!r}")
+
+
+def _size(token: bytes, what: str) -> int:
+    if not token.isdigit():
+        raise ProtocolError(f"{what} must be a non-negative decimal integer, not {token[:20]!r}")
+    return int(token)
+
+
+class ProtocolParser:
+    """Incremental parser of what a NATS server sends to a client."""
+
+    __slots__ = ("_chunks", "_error", "_have", "_need", "_rest", "max_control_line", "max_payload")
+
+    def __init__(
+        self,
+        max_control_line: int = DEFAULT_MAX_CONTROL_LINE,
+        max_payload: int = DEFAULT_MAX_INBOUND_PAYLOAD,
+    ) -> None:
+        if max_control_line < 16:
+            raise ValueError(f"max_control_line must be at least 16, not {max_control_line}")
+        if max_payload < 0:
+            raise ValueError(f"max_payload must not be negative, not {max_payload}")
+        self.max_control_line = max_control_line
+        self.max_payload = max_payload
+        self._rest = b""
+        self._chunks: list[bytes] = []
+        self._have = 0
+        self._need = 0
+        self._error: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as events."""
+        return len(self._rest) + sum(len(c) for c in self._chunks)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Event]:
+        """Add ``data`` and return every event that is now complete, in order."""
+        if self._error is not None:
+            raise ProtocolError("parser already failed") from self._error
+        if type(data) is not bytes:
+            data = bytes(data)  # a memoryview's length may count items, not bytes
+        if self._need:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return []
+            buf = self._rest + b"".join(self._chunks)
+            self._chunks.clear()
+            self._need = 0
+        elif self._rest:
+            buf = self._rest + data
+        else:
+            buf = data
+        events: list[Event] = []
+        try:
+            pos = self._parse(buf, events)
+        except ProtocolError as exc:
+            exc.events = events
+            self._error = exc
+            self._rest = b""
+            raise
+        except (ValueError, UnicodeDecodeError) as exc:
+            err = ProtocolError(f"malformed protocol data: {exc}")
+            err.events = events
+            self._error = err
+            self._rest = b""
+            raise err from exc
+        self._rest = buf[pos:]
+        self._have = len(self._rest)
+        return events
+
+    def _parse(self, buf: bytes, events: list[Event]) -> int:
+        """Parse complete frames of ``buf`` into ``events``; return where the remainder starts."""
+        append = events.append
+        find = buf.find
+        n = len(buf)
+        pos = 0
+        max_line = self.max_control_line
+        max_payload = self.max_payload
+        while pos < n:
+            eol = find(b"\r\n", pos)
+            if eol < 0:
+                if n - pos > max_line + 1:
+                    raise ControlLineTooLong(
+                        f"protocol line longer than {max_line} bytes: {buf[pos : pos + 64]!r}..."
+                    )
+                return pos
+            if eol - pos > max_line:
+                raise ControlLineTooLong(
+                    f"protocol line of {eol - pos} bytes exceeds {max_line}: "
+                    f"{buf[pos : pos + 64]!r}"
+                )
+            op = buf[pos : pos + 4]
+            if op == b"MSG ":
+                kind = _MSG
+            elif op == b"HMSG":
+                kind = _HMSG if buf[pos + 4 : pos + 5] in (b" ", b"\t") else _classify(buf[pos:eol])
+            else:
+                kind = _classify(buf[pos:eol])
+
+            if kind in (_MSG, _HMSG):
+                if kind == _MSG:
+                    args = buf[pos + 4 : eol].split()
+                    nargs = len(args)
+                    if nargs == 3:
+                        subject, sid, size_b = args
+                        reply = None
+                    elif nargs == 4:
+                        subject, sid, reply_b, size_b = args
+                        reply = reply_b.decode()
+                    else:
+                        raise ProtocolError(f"MSG needs 3 or 4 arguments: {buf[pos:eol][:128]!r}")
+                    hdr = 0
+                else:
+                    args = buf[pos + 5 : eol].split()
+                    nargs = len(args)
+                    if nargs == 4:
+                        subject, sid, hdr_b, size_b = args
+                        reply = None
+                    elif nargs == 5:
+                        subject, sid, reply_b, hdr_b, size_b = args
+                        reply = reply_b.decode()
+                    else:
+                        raise ProtocolError(f"HMSG needs 4 or 5 arguments: {buf[pos:eol][:128]!r}")
+                    hdr = _size(hdr_b, "HMSG header size")
+                size = _size(size_b, "MSG size")
+                if size > max_payload:
+                    raise ProtocolError(f"message of {size} bytes exceeds the {max_payload} limit")
+                if kind == _HMSG and not _HDR_MIN <= hdr <= size:
+                    raise ProtocolError(
+                        f"HMSG header size {hdr} must be between {_HDR_MIN} and the total {size}"
+                    )
+                start = eol + 2
+                end = start + size
+                if end + 2 > n:
+                    self._need = end + 2 - pos
+                    return pos
+                if buf[end : end + 2] != b"\r\n":
+                    raise ProtocolError(
+                        f"payload of {size} bytes is not followed by CRLF: {buf[end : end + 16]!r}"
+                    )
+                if hdr:
+                    hend = start + hdr
+                    if (
+                        not buf.startswith(b"NATS/1.0", start)
+                        or buf[hend - 4 : hend] != b"\r\n\r\n"
+                    ):
+                        raise ProtocolError(
+                            "HMSG header block is not a NATS/1.0 block: "
+                            f"{buf[start : start + 32]!r}"
+                        )
+                    append(
+                        Msg(
+                            subject.decode(),
+                            _size(sid, "sid"),
+                            reply,
+                            buf[hend:end],
+                            buf[start:hend],
+                        )
+                    )
+                else:
+                    append(Msg(subject.decode(), _size(sid, "sid"), reply, buf[start:end]))
+                pos = end + 2
+            elif kind == _PING:
+                append(PING)
+                pos = eol + 2
+            elif kind == _PONG:
+                append(PONG)
+                pos = eol + 2
+            elif kind == _OK:
+                append(OK)
+                pos = eol + 2
+            elif kind == _ERR:
+                text = buf[pos + 4 : eol].strip(b" \t").decode("utf-8", "replace")
+                if len(text) >= 2 and text[0] == text[-1] == "'":
+                    text = text[1:-1]
+                append(Err(text))
+                pos = eol + 2
+            else:  # _INFO
+                try:
+                    obj = json.loads(buf[pos + 5 : eol])
+                except (ValueError, RecursionError) as exc:
+                    raise ProtocolError(f"INFO is not valid JSON: {exc}") from exc
+                append(Info(ServerInfo.from_json(obj)))
+                pos = eol + 2
+        return pos
