@@ -1,0 +1,45 @@
+"""trio I/O over :mod:`headrace.protocol`: the connection supervisor, subscriptions, auth, TLS."""
+
+from headrace.nats.auth import Credentials
+from headrace.nats.connection import Connection, Statistics, connect
+from headrace.nats.delivery import SlowConsumerPolicy
+from headrace.nats.events import (
+    Closed,
+    Connected,
+    ConnectionEvent,
+    Disconnected,
+    EventWatcher,
+    LameDuck,
+    Reconnected,
+    ServerErrorEvent,
+    ServersDiscovered,
+    SlowConsumer,
+    Status,
+)
+from headrace.nats.options import ConnectOptions
+from headrace.nats.servers import ServerAddress
+from headrace.nats.subscription import Subscription
+from headrace.nats.tls import TLSConfig
+
+__all__ = [
+    "Closed",
+    "ConnectOptions",
+    "Connected",
+    "Connection",
+    "ConnectionEvent",
+    "Credentials",
+    "Disconnected",
+    "EventWatcher",
+    "LameDuck",
+    "Reconnected",
+    "ServerAddress",
+    "ServerErrorEvent",
+    "ServersDiscovered",
+    "SlowConsumer",
+    "SlowConsumerPolicy",
+    "Statistics",
+    "Status",
+    "Subscription",
+    "TLSConfig",
+    "connect",
+]

@@ -1,0 +1,915 @@
+"""The connection supervisor actor: one NATS connection, kept alive across server failures.
+
+:func:`connect` is an async context manager. Its tasks live in a nursery inside the caller's
+``async with``, so the connection is part of the caller's task tree: leaving the block closes
+it, and nothing outlives it.
+
+Inside, one supervisor task owns the socket. Per live connection (a *session*) it runs three
+tasks that end together:
+
+- the reader: ``receive_some`` into the sans-IO parser; messages grouped per subscription and
+  handed over one batch per read; PING, PONG, INFO and -ERR handled in place;
+- the writer: the only task that writes, sending everything queued in one ``send_all``;
+- the pinger: a PING every ``ping_interval``; ``max_pings_out`` unanswered ones end the session.
+
+When a session ends without being asked to, the supervisor reports ``Disconnected``, walks the
+server pool with jittered exponential backoff (first pass immediate, ADR-40), and on success
+re-sends CONNECT, then every SUB, then what was published meanwhile, before ``Reconnected``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from headrace._version import __version__
+from headrace.errors import (
+    AuthorizationError,
+    ConnectionClosedError,
+    ConnectTimeout,
+    DrainTimeout,
+    FlushTimeout,
+    NatsError,
+    NoRespondersError,
+    NoServersError,
+    PermissionViolation,
+    ProtocolError,
+    RequestTimeout,
+    ServerError,
+    StaleConnectionError,
+    TLSError,
+)
+from headrace.nats import server_errors
+from headrace.nats.auth import Credentials, auth_fields
+from headrace.nats.delivery import SlowConsumerPolicy
+from headrace.nats.events import (
+    Closed,
+    Connected,
+    Disconnected,
+    EventHub,
+    EventWatcher,
+    LameDuck,
+    Reconnected,
+    ServerErrorEvent,
+    ServersDiscovered,
+    SlowConsumer,
+    Status,
+)
+from headrace.nats.inbox import RequestMux, new_inbox
+from headrace.nats.options import DEFAULT_URL, ConnectOptions
+from headrace.nats.outbound import OutboundBuffer, PongWaiter
+from headrace.nats.servers import PoolEntry, ServerAddress, ServerPool, backoff_delay
+from headrace.nats.subscription import BatchHandler, Subscription
+from headrace.nats.tls import TLSConfig
+from headrace.protocol.commands import (
+    PONG,
+    encode_connect,
+    encode_hpub,
+    encode_pub,
+    encode_sub,
+    encode_unsub,
+)
+from headrace.protocol.events import Err, Event, Info, Msg, Ok, Ping, Pong, ServerInfo
+from headrace.protocol.headers import Headers
+from headrace.protocol.parser import ProtocolParser
+
+_HANDSHAKE_ERRORS = (OSError, NatsError, ProtocolError, trio.BrokenResourceError)
+
+
+@attrs.define(slots=True)
+class Statistics:
+    """Counters over the connection's whole life, across reconnects (ADR-40)."""
+
+    in_msgs: int = 0
+    out_msgs: int = 0
+    in_bytes: int = 0
+    out_bytes: int = 0
+    connects: int = 0
+    reconnects: int = 0
+    #: Socket writes (``send_all`` calls): far fewer than ``out_msgs`` when writes coalesce.
+    writes: int = 0
+
+
+@attrs.define(slots=True, eq=False)
+class _Transport:
+    """One established, handshaken connection to one server."""
+
+    stream: trio.abc.Stream
+    entry: PoolEntry
+    info: ServerInfo
+    parser: ProtocolParser
+    leftover: list[Event]
+
+
+class _ReconnectRequested(Exception):
+    """Ends a session on purpose (``reconnect()``); not an error the user sees."""
+
+
+class Connection:
+    """A NATS connection. Create it with :func:`connect`; see the module docs."""
+
+    def __init__(self, options: ConnectOptions) -> None:
+        self._opts = options
+        self._pool = ServerPool(
+            options.servers,
+            randomize=not options.dont_randomize,
+            use_discovered=not options.ignore_discovered_servers,
+        )
+        self._out = OutboundBuffer(options.write_buffer_size, options.reconnect_buffer_size)
+        self._hub = EventHub()
+        self._subs: dict[int, Subscription] = {}
+        self._next_sid = 1
+        self._status = Status.CONNECTING
+        self._connected = trio.Event()
+        self._closed = trio.Event()
+        self._close_error: BaseException | None = None
+        self._transport: _Transport | None = None
+        self._last_info: ServerInfo | None = None
+        self._last_address: ServerAddress | None = None
+        self._session_scope: trio.CancelScope | None = None
+        self._session_error: BaseException | None = None
+        self._supervisor_scope = trio.CancelScope()
+        self._supervisor_done = trio.Event()
+        self._pings_out = 0
+        self._mux: RequestMux | None = None
+        self._ever_connected = False
+        self.stats = Statistics()
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def options(self) -> ConnectOptions:
+        return self._opts
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    @property
+    def is_connected(self) -> bool:
+        return self._transport is not None and self._status in (Status.CONNECTED, Status.DRAINING)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._status is Status.CLOSED
+
+    @property
+    def server_info(self) -> ServerInfo | None:
+        """INFO of the server we are (or were last) connected to."""
+        return self._transport.info if self._transport is not None else self._last_info
+
+    @property
+    def connected_server(self) -> ServerAddress | None:
+        t = self._transport
+        return t.entry.address if t is not None and self.is_connected else None
+
+    @property
+    def servers(self) -> list[ServerAddress]:
+        """The server pool: configured servers and those learned from INFO."""
+        return [e.address for e in self._pool.entries]
+
+    @property
+    def max_payload(self) -> int | None:
+        info = self.server_info
+        return info.max_payload if info is not None else None
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """Why the connection closed, when it was not asked to."""
+        return self._close_error
+
+    def events(self, buffer: int = 256) -> EventWatcher:
+        """A new watcher of connection events (use ``with``, iterate with ``async for``)."""
+        return self._hub.watch(buffer)
+
+    async def wait_connected(self) -> None:
+        """Return once connected (at once if connected now); raise if the connection closes."""
+        while not self.is_connected:
+            if self.is_closed:
+                raise self._closed_error()
+            async with trio.open_nursery() as nursery:
+
+                async def closed(scope: trio.CancelScope = nursery.cancel_scope) -> None:
+                    await self._closed.wait()
+                    scope.cancel()
+
+                nursery.start_soon(closed)
+                await self._connected.wait()
+                nursery.cancel_scope.cancel()
+
+    def new_inbox(self) -> str:
+        return new_inbox(self._opts.inbox_prefix)
+
+    def _closed_error(self) -> ConnectionClosedError:
+        err = ConnectionClosedError(
+            "the connection is closed"
+            + (f" after: {self._close_error}" if self._close_error else "")
+        )
+        err.__cause__ = self._close_error
+        return err
+
+    def _check_open(self) -> None:
+        if self._status is Status.CLOSED:
+            raise self._closed_error()
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes = b"",
+        *,
+        reply: str | None = None,
+        headers: Headers | Mapping[str, str | list[str]] | None = None,
+    ) -> None:
+        """Queue a message for ``subject``.
+
+        Returns once queued, not once sent: use :meth:`flush` to know the server has it. While
+        disconnected, messages are kept (``reconnect_buffer_size``) and sent after the
+        reconnect; :class:`~headrace.errors.OutboundBufferFull` when that is full.
+        """
+        self._check_open()
+        max_payload = self.max_payload
+        if headers is None:
+            cmd = encode_pub(subject, data, reply, max_payload=max_payload)
+        else:
+            hdrs = headers if isinstance(headers, Headers) else Headers(headers)
+            cmd = encode_hpub(subject, hdrs, data, reply, max_payload=max_payload)
+        await self._out.put(cmd)
+        self.stats.out_msgs += 1
+
+    def publish_nowait(self, subject: str, data: bytes = b"") -> None:
+        """Queue a small control message at once, ignoring the buffer limits.
+
+        For subjects that came from the server (ack replies): no validation, no waiting. Do
+        not use it for user data, which must respect the write and reconnect buffers.
+        """
+        self._check_open()
+        self._out.append(encode_pub(subject, data, check=False))
+        self.stats.out_msgs += 1
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until the server has processed everything queued before this call.
+
+        Implemented as a PING whose PONG comes back after the server read all that preceded
+        it. Raises :class:`~headrace.errors.FlushTimeout` after ``timeout`` seconds (default
+        ``request_timeout``).
+        """
+        self._check_open()
+        waiter = PongWaiter()
+        self._out.request_ping(waiter)
+        limit = self._opts.request_timeout if timeout is None else timeout
+        with trio.move_on_after(limit):
+            await waiter.wait()
+            return
+        raise FlushTimeout(f"the server did not answer a flush within {limit}s")
+
+    # -- subscribing --------------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        subject: str,
+        *,
+        queue: str | None = None,
+        max_pending_msgs: int | None = None,
+        max_pending_bytes: int | None = None,
+        slow_consumer: SlowConsumerPolicy | None = None,
+    ) -> Subscription:
+        """Subscribe to ``subject`` (wildcards allowed), optionally in a queue group.
+
+        Pending limits and the slow consumer policy default to the connection's options.
+        """
+        return self.subscribe_nowait(
+            subject,
+            queue=queue,
+            max_pending_msgs=max_pending_msgs,
+            max_pending_bytes=max_pending_bytes,
+            slow_consumer=slow_consumer,
+        )
+
+    def subscribe_nowait(
+        self,
+        subject: str,
+        *,
+        queue: str | None = None,
+        max_pending_msgs: int | None = None,
+        max_pending_bytes: int | None = None,
+        slow_consumer: SlowConsumerPolicy | None = None,
+        handler: BatchHandler | None = None,
+    ) -> Subscription:
+        """:meth:`subscribe` without a checkpoint; ``handler`` makes an internal subscription
+        whose batches go straight to a non-blocking function instead of a buffer."""
+        self._check_open()
+        if self._status is Status.DRAINING:
+            raise NatsError("the connection is draining; no new subscriptions")
+        opts = self._opts
+        sid = self._next_sid
+        cmd = encode_sub(subject, sid, queue)  # validates before anything changes
+        self._next_sid += 1
+        sub = Subscription(
+            self,
+            sid,
+            subject,
+            queue,
+            max_pending_msgs=max_pending_msgs or opts.pending_msgs_limit,
+            max_pending_bytes=max_pending_bytes or opts.pending_bytes_limit,
+            policy=slow_consumer or opts.slow_consumer_policy,
+            handler=handler,
+        )
+        self._subs[sid] = sub
+        if self._out.connected:
+            self._out.append(cmd)
+        # else: the SUB goes out with all the others when the connection is (re)established.
+        return sub
+
+    @property
+    def subscriptions(self) -> list[Subscription]:
+        return list(self._subs.values())
+
+    async def _unsubscribe(self, sub: Subscription, max_msgs: int | None) -> None:
+        if max_msgs is not None and max_msgs > sub.delivered:
+            sub.max_msgs = max_msgs
+            if self._out.connected and sub.sid in self._subs:
+                self._out.append(encode_unsub(sub.sid, max_msgs))
+            return
+        self._forget(sub)
+        if self._out.connected and not self.is_closed:
+            self._out.append(encode_unsub(sub.sid))
+        sub._finish(None)
+
+    def _forget(self, sub: Subscription) -> None:
+        self._subs.pop(sub.sid, None)
+
+    async def _drain_subscription(self, sub: Subscription, timeout: float | None) -> None:
+        limit = self._opts.drain_timeout if timeout is None else timeout
+        with trio.move_on_after(limit) as scope:
+            if sub.sid in self._subs and not self.is_closed:
+                sub._draining = True  # not re-sent if a reconnect happens meanwhile
+                if self._out.connected:
+                    self._out.append(encode_unsub(sub.sid))
+                # The server handles the UNSUB before the PING: once the PONG is back, every
+                # message it will ever send for this sid has been routed to the buffer.
+                await self.flush(limit)
+                self._forget(sub)
+            sub._finish(None)
+            await sub._queue.wait_empty()
+        if scope.cancelled_caught:
+            unread = sub._queue.discard()
+            sub._finish(None)
+            raise DrainTimeout(
+                f"{sub!r} was not drained within {limit}s; {unread} messages were not read",
+                unread,
+            )
+
+    def _report_slow_consumer(self, sub: Subscription) -> None:
+        self._hub.emit(SlowConsumer(sub.sid, sub.subject, sub.dropped))
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _request_mux(self) -> RequestMux:
+        if self._mux is None:
+            mux = RequestMux(self._opts.inbox_prefix)
+            self.subscribe_nowait(mux.subject, handler=mux.on_batch)
+            self._mux = mux
+        return self._mux
+
+    async def request(
+        self,
+        subject: str,
+        data: bytes = b"",
+        *,
+        headers: Headers | Mapping[str, str | list[str]] | None = None,
+        timeout: float | None = None,
+    ) -> Msg:
+        """Publish a request and wait for the first reply.
+
+        :class:`~headrace.errors.NoRespondersError` when nobody listens on ``subject``,
+        :class:`~headrace.errors.RequestTimeout` after ``timeout`` (default ``request_timeout``).
+        """
+        mux = self._request_mux()
+        reply, slot = mux.register(subject)
+        limit = self._opts.request_timeout if timeout is None else timeout
+        try:
+            with trio.move_on_after(limit):
+                await self.publish(subject, data, reply=reply, headers=headers)
+                await slot.event.wait()
+                result = slot.msg
+                if isinstance(result, BaseException):
+                    raise result
+                assert result is not None
+                if result.status == 503 and not result.data:
+                    raise NoRespondersError(subject)
+                return result
+            raise RequestTimeout(f"no reply to the request on {subject!r} within {limit}s")
+        finally:
+            mux.unregister(reply)
+
+    # -- the supervisor -----------------------------------------------------------------------
+
+    async def _connect_initial(self) -> _Transport:
+        errors: dict[str, BaseException] = {}
+        for _ in range(len(self._pool)):
+            entry = self._pool.next()
+            try:
+                return await self._open(entry)
+            except (AuthorizationError, TLSError):
+                raise
+            except _HANDSHAKE_ERRORS as exc:
+                entry.last_error = exc
+                errors[str(entry.address)] = exc
+        detail = "; ".join(f"{url}: {exc}" for url, exc in errors.items())
+        raise NoServersError(f"could not connect to any server ({detail})", errors)
+
+    async def _supervise(
+        self,
+        transport: _Transport | None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        if transport is None:
+            task_status.started()
+            task_status = trio.TASK_STATUS_IGNORED
+        try:
+            with self._supervisor_scope:
+                while True:
+                    if transport is None:
+                        transport = await self._reconnect()
+                        if transport is None:
+                            return
+                    error = await self._run_session(transport, task_status)
+                    task_status = trio.TASK_STATUS_IGNORED
+                    transport = None
+                    if self.is_closed:
+                        return
+                    if isinstance(error, _ReconnectRequested):
+                        error = None
+                    address = self._last_address
+                    assert address is not None
+                    self._status = Status.RECONNECTING
+                    self._connected = trio.Event()
+                    self._hub.emit(Disconnected(address, error))
+                    if not self._opts.allow_reconnect:
+                        self._terminate(error or ConnectionClosedError("disconnected"))
+                        return
+        finally:
+            self._supervisor_done.set()
+
+    async def _reconnect(self) -> _Transport | None:
+        """Walk the pool until a server takes us, or the attempts run out (then close)."""
+        opts = self._opts
+        attempts = 0
+        last: BaseException | None = None
+        while True:
+            if opts.max_reconnect_attempts is not None and attempts >= opts.max_reconnect_attempts:
+                self._terminate(last or ConnectionClosedError("no reconnect attempts allowed"))
+                return None
+            size = len(self._pool)
+            if attempts and attempts % size == 0:
+                await trio.sleep(
+                    backoff_delay(
+                        attempts // size,
+                        initial=opts.reconnect_wait,
+                        maximum=opts.reconnect_wait_max,
+                        jitter=opts.reconnect_jitter,
+                        custom=opts.reconnect_delay,
+                    )
+                )
+            entry = self._pool.next()
+            try:
+                return await self._open(entry)
+            except _HANDSHAKE_ERRORS as exc:
+                attempts += 1
+                entry.failed_attempts += 1
+                entry.last_error = last = exc
+
+    async def _run_session(
+        self, t: _Transport, task_status: trio.TaskStatus[None]
+    ) -> BaseException | None:
+        """Run reader, writer and pinger on ``t`` until one fails or we are told to stop."""
+        self._transport = t
+        self._last_address = t.entry.address
+        self._last_info = t.info
+        self._session_error = None
+        self._pings_out = 0
+        t.entry.failed_attempts = 0
+        t.entry.did_connect = True
+        # Synchronously, so that no subscribe() can slip between the snapshot and the switch:
+        # every SUB first, then what was queued while we were away.
+        resubs = []
+        for sub in self._subs.values():
+            if sub._draining:
+                continue
+            resubs.append(encode_sub(sub.subject, sub.sid, sub.queue, check=False))
+            if sub.max_msgs is not None:
+                resubs.append(encode_unsub(sub.sid, sub.max_msgs - sub.delivered))
+        if resubs:
+            self._out.prepend(b"".join(resubs))
+        self._out.set_connected(True)
+        self._status = Status.CONNECTED
+        self.stats.connects += 1
+        if self._ever_connected:
+            self.stats.reconnects += 1
+            self._hub.emit(Reconnected(t.entry.address))
+        else:
+            self._ever_connected = True
+            self._hub.emit(Connected(t.entry.address))
+        self._connected.set()
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._session_scope = nursery.cancel_scope
+                nursery.start_soon(self._guard, self._reader, t)
+                nursery.start_soon(self._guard, self._writer, t)
+                nursery.start_soon(self._guard, self._pinger)
+        finally:
+            self._session_scope = None
+            self._out.set_connected(False)
+            self._transport = None
+            await trio.aclose_forcefully(t.stream)
+        return self._session_error
+
+    async def _guard(self, fn: Any, *args: Any) -> None:
+        """Run a session task; its failure (or its end) ends the session."""
+        try:
+            await fn(*args)
+        except Exception as exc:
+            if self._session_error is None:
+                self._session_error = exc
+        if self._session_scope is not None:
+            self._session_scope.cancel()
+
+    # -- session tasks ------------------------------------------------------------------------
+
+    async def _reader(self, t: _Transport) -> None:
+        stream, parser, stats = t.stream, t.parser, self.stats
+        read_size = self._opts.read_size
+        if t.leftover:
+            await self._dispatch(t.leftover)
+            t.leftover = []
+        while True:
+            data = await stream.receive_some(read_size)
+            if not data:
+                raise ConnectionResetError(f"{t.entry.address} closed the connection")
+            stats.in_bytes += len(data)
+            try:
+                events = parser.feed(data)
+            except ProtocolError as exc:
+                await self._dispatch(list(exc.events))  # type: ignore[arg-type]
+                raise
+            await self._dispatch(events)
+
+    async def _dispatch(self, events: list[Event]) -> None:
+        """Route messages to subscriptions, one batch per run of the same sid; handle the rest."""
+        batch: list[Msg] = []
+        sid = -1
+        for event in events:
+            if type(event) is Msg:
+                if event.sid == sid:
+                    batch.append(event)
+                    continue
+                if batch:
+                    await self._route(sid, batch)
+                sid = event.sid
+                batch = [event]
+                continue
+            if batch:
+                await self._route(sid, batch)
+                batch = []
+                sid = -1
+            self._control(event)
+        if batch:
+            await self._route(sid, batch)
+
+    async def _route(self, sid: int, batch: list[Msg]) -> None:
+        self.stats.in_msgs += len(batch)
+        sub = self._subs.get(sid)
+        if sub is not None:
+            await sub._deliver(batch)
+
+    def _control(self, event: Event) -> None:
+        if type(event) is Ping:
+            self._out.append(PONG)
+        elif type(event) is Pong:
+            self._pings_out = 0
+            self._out.pong()
+        elif type(event) is Info:
+            self._on_info(event.info)
+        elif type(event) is Err:
+            self._on_server_error(event.message)
+        elif type(event) is Ok:
+            pass
+
+    def _on_info(self, info: ServerInfo) -> None:
+        t = self._transport
+        if t is None:
+            return
+        # An INFO sent later carries what changed (cluster URLs, lame duck); per-client fields
+        # such as the nonce appear only in the first. Merge rather than replace.
+        info = ServerInfo.from_json({**t.info.raw, **info.raw})
+        t.info = info
+        self._last_info = info
+        added = self._pool.add_discovered(info.connect_urls, tls=t.entry.address.tls)
+        if added:
+            self._hub.emit(ServersDiscovered(tuple(added)))
+        if info.lame_duck_mode:
+            self._hub.emit(LameDuck(t.entry.address))
+
+    def _on_server_error(self, message: str) -> None:
+        error = server_errors.classify(message)
+        self._hub.emit(ServerErrorEvent(error))
+        if isinstance(error, PermissionViolation):
+            if error.operation == "subscription":
+                # The server dropped our interest: end the first matching subscription.
+                for sub in list(self._subs.values()):
+                    if sub.subject == error.subject and sub.queue == error.queue:
+                        self._forget(sub)
+                        sub._finish(error)
+                        break
+            elif self._mux is not None:
+                self._mux.fail(error, error.subject)
+            return
+        if server_errors.is_terminal(error):
+            raise error
+
+    async def _writer(self, t: _Transport) -> None:
+        out, stream, stats = self._out, t.stream, self.stats
+        while True:
+            await out.wait()
+            data = out.take()
+            await stream.send_all(data)
+            stats.out_bytes += len(data)
+            stats.writes += 1
+
+    async def _pinger(self) -> None:
+        opts = self._opts
+        while True:
+            await trio.sleep(opts.ping_interval)
+            if self._pings_out >= opts.max_pings_out:
+                raise StaleConnectionError(
+                    f"{self._pings_out} PINGs unanswered over {opts.ping_interval}s intervals"
+                )
+            self._pings_out += 1
+            self._out.request_ping(None)
+
+    # -- handshake ----------------------------------------------------------------------------
+
+    async def _open(self, entry: PoolEntry) -> _Transport:
+        """TCP connect, INFO, TLS as needed, CONNECT + PING, and wait for the PONG."""
+        opts = self._opts
+        address = entry.address
+        try:
+            with trio.fail_after(opts.connect_timeout):
+                tcp = await trio.open_tcp_stream(address.host, address.port)
+                try:
+                    return await self._handshake(entry, tcp)
+                except BaseException:
+                    await trio.aclose_forcefully(tcp)
+                    raise
+        except trio.TooSlowError:
+            raise ConnectTimeout(
+                f"{address} did not complete the handshake within {opts.connect_timeout}s"
+            ) from None
+
+    async def _handshake(self, entry: PoolEntry, tcp: trio.SocketStream) -> _Transport:
+        opts = self._opts
+        address = entry.address
+        tls = opts.tls
+        want_tls = tls is not None or address.tls
+        parser = ProtocolParser(opts.max_control_line)
+        stream: trio.abc.Stream = tcp
+        if tls is not None and tls.handshake_first:
+            stream = await self._start_tls(tcp, address, tls)
+        info, leftover = await self._read_info(stream, parser, address)
+        if not (tls is not None and tls.handshake_first):
+            if want_tls and not (info.tls_required or info.tls_available):
+                raise TLSError(f"{address} does not offer TLS, and this client requires it")
+            if want_tls or info.tls_required:
+                if leftover or parser.buffered:
+                    raise ProtocolError(f"{address} sent data after INFO before the TLS upgrade")
+                stream = await self._start_tls(tcp, address, tls or TLSConfig())
+        fields: dict[str, Any] = {
+            "verbose": False,
+            "pedantic": opts.pedantic,
+            "tls_required": stream is not tcp,
+            "lang": "python3-headrace",
+            "version": __version__,
+            "protocol": 1,
+            "echo": not opts.no_echo,
+            "headers": True,
+            "no_responders": True,
+        }
+        if opts.name is not None:
+            fields["name"] = opts.name
+        fields.update(auth_fields(opts.credentials, address, info.nonce))
+        try:
+            await stream.send_all(encode_connect(fields) + b"PING\r\n")
+        except trio.BrokenResourceError as exc:
+            raise ConnectionResetError(f"{address} closed the connection: {exc}") from exc
+        leftover = await self._await_pong(stream, parser, address)
+        return _Transport(stream, entry, info, parser, leftover)
+
+    async def _start_tls(
+        self, tcp: trio.SocketStream, address: ServerAddress, tls: TLSConfig
+    ) -> trio.SSLStream[trio.SocketStream]:
+        ssl_stream = trio.SSLStream(
+            tcp, tls.make_context(), server_hostname=tls.hostname or address.host
+        )
+        try:
+            await ssl_stream.do_handshake()
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__ or exc
+            raise TLSError(f"TLS handshake with {address} failed: {cause}") from exc
+        return ssl_stream
+
+    async def _receive(self, stream: trio.abc.Stream, address: ServerAddress) -> bytes:
+        try:
+            data = await stream.receive_some(self._opts.read_size)
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__ or exc
+            if "SSL" in type(cause).__name__ or "ssl" in str(cause).lower():
+                raise TLSError(f"TLS with {address} failed: {cause}") from exc
+            raise ConnectionResetError(f"{address} closed the connection: {cause}") from exc
+        if not data:
+            raise ConnectionResetError(f"{address} closed the connection during the handshake")
+        self.stats.in_bytes += len(data)
+        return bytes(data)
+
+    async def _read_info(
+        self, stream: trio.abc.Stream, parser: ProtocolParser, address: ServerAddress
+    ) -> tuple[ServerInfo, list[Event]]:
+        while True:
+            events = parser.feed(await self._receive(stream, address))
+            if not events:
+                continue
+            first = events[0]
+            if isinstance(first, Err):
+                raise server_errors.classify(first.message)
+            if not isinstance(first, Info):
+                raise ProtocolError(f"{address} did not start with INFO but {first!r}")
+            return first.info, events[1:]
+
+    async def _await_pong(
+        self, stream: trio.abc.Stream, parser: ProtocolParser, address: ServerAddress
+    ) -> list[Event]:
+        while True:
+            events = parser.feed(await self._receive(stream, address))
+            for i, event in enumerate(events):
+                if isinstance(event, Pong):
+                    return events[i + 1 :]
+                if isinstance(event, Err):
+                    error = server_errors.classify(event.message)
+                    if isinstance(error, ServerError) and not isinstance(
+                        error, AuthorizationError
+                    ):
+                        error = ServerError(f"{address} refused the connection: {event.message}")
+                    raise error
+                if isinstance(event, Ping):
+                    await stream.send_all(PONG)
+
+    # -- ending -------------------------------------------------------------------------------
+
+    def _terminate(self, error: BaseException | None) -> None:
+        """Close for good: everything waiting learns why; nothing blocks."""
+        if self._status is Status.CLOSED:
+            return
+        self._status = Status.CLOSED
+        self._close_error = error
+        self._supervisor_scope.cancel()
+        closed = self._closed_error()
+        self._out.connected = False
+        self._out.fail_waiters(closed)
+        for sub in list(self._subs.values()):
+            sub._finish(None if error is None else closed)
+        self._subs.clear()
+        if self._mux is not None:
+            self._mux.fail(closed)
+        self._closed.set()
+        self._hub.emit(Closed(error))
+        self._hub.close()
+
+    async def close(self) -> None:
+        """Send what is queued (best effort, within ``connect_timeout``), then close.
+
+        Subscriptions end (their iteration stops after what is buffered); waiting requests and
+        flushes fail with :class:`~headrace.errors.ConnectionClosedError`.
+        """
+        if self._status is Status.CLOSED:
+            await self._supervisor_done.wait()
+            return
+        with trio.CancelScope(shield=True):
+            if self.is_connected and self._out:
+                with trio.move_on_after(self._opts.connect_timeout):
+                    await self.flush(self._opts.connect_timeout)
+            self._terminate(None)
+            await self._supervisor_done.wait()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop every subscription, let subscribers read what is buffered, flush, close.
+
+        New subscriptions are refused while draining; publishing still works until the end.
+        """
+        self._check_open()
+        if self._status is Status.DRAINING:
+            raise NatsError("the connection is already draining")
+        limit = self._opts.drain_timeout if timeout is None else timeout
+        self._status = Status.DRAINING
+        errors: list[BaseException] = []
+        try:
+            with trio.move_on_after(limit):
+                async with trio.open_nursery() as nursery:
+                    for sub in list(self._subs.values()):
+                        if sub._handler is None:
+                            nursery.start_soon(self._drain_one, sub, limit, errors)
+                await self.flush(limit)
+        finally:
+            await self.close()
+        if errors:
+            raise errors[0]
+
+    async def _drain_one(
+        self, sub: Subscription, limit: float, errors: list[BaseException]
+    ) -> None:
+        try:
+            await self._drain_subscription(sub, limit)
+        except (NatsError, ConnectionClosedError) as exc:
+            errors.append(exc)
+
+    async def reconnect(self) -> None:
+        """Drop the current connection and go through the reconnect process (ADR-40
+        on-demand reconnect): subscriptions are re-sent, queued publishes kept."""
+        self._check_open()
+        if self._session_scope is not None and self._session_error is None:
+            self._session_error = _ReconnectRequested()
+            self._session_scope.cancel()
+
+    def set_server_pool(self, servers: list[str]) -> None:
+        """Use exactly ``servers`` for future reconnects (ADR-40 custom server pool)."""
+        self._pool.replace(servers)
+
+
+@asynccontextmanager
+async def connect(
+    servers: str | list[str] | tuple[str, ...] = DEFAULT_URL,
+    *,
+    options: ConnectOptions | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    nkey_seed: str | None = None,
+    creds_file: str | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[Connection]:
+    """Connect to NATS for the duration of the ``async with`` block.
+
+    ``servers`` is one URL or a list; keyword arguments are :class:`ConnectOptions` fields,
+    plus the credential shorthands ``user``/``password``, ``token``, ``nkey_seed`` (a seed or
+    a file holding one) and ``creds_file``. Or pass a complete ``options``.
+
+    Raises :class:`~headrace.errors.AuthorizationError` for rejected credentials,
+    :class:`~headrace.errors.TLSError` for TLS failures, and
+    :class:`~headrace.errors.NoServersError` when no server could be reached.
+    """
+    if options is None:
+        creds = Credentials(
+            user=user, password=password, token=token, nkey_seed=nkey_seed, creds_file=creds_file
+        )
+        options = ConnectOptions(
+            servers=(servers,) if isinstance(servers, str) else tuple(servers),
+            credentials=creds,
+            **kwargs,
+        )
+    elif kwargs or any(v is not None for v in (user, password, token, nkey_seed, creds_file)):
+        raise TypeError("give either options=ConnectOptions(...) or keyword options, not both")
+    conn = Connection(options)
+    # The first connection is made outside the nursery, and the body's own exception is kept
+    # out of it too, so the caller sees typed errors as raised, not wrapped in an
+    # ExceptionGroup. Failures of the connection's own tasks still propagate, as they should.
+    transport: _Transport | None = None
+    if not options.retry_on_failed_connect:
+        transport = await conn._connect_initial()
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            # Returns with the first session active, so the body can publish at once.
+            await nursery.start(conn._supervise, transport)
+        except BaseException:
+            if transport is not None and conn._transport is None:
+                await trio.aclose_forcefully(transport.stream)
+            raise
+        try:
+            yield conn
+        except BaseException as exc:
+            body_error = exc
+        finally:
+            await conn.close()
+    if body_error is not None:
+        try:
+            raise body_error
+        finally:
+            body_error = None
+
+
+__all__ = ["Connection", "Statistics", "connect"]

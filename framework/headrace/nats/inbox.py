@@ -1,0 +1,78 @@
+"""Unique inbox subjects, and the request multiplexer that shares one inbox subscription.
+
+Every request gets a reply subject ``<prefix>.<mux id>.<token>``; one wildcard subscription on
+``<prefix>.<mux id>.*`` receives every reply, and the token finds the waiting request. One SUB
+for all requests instead of one per request keeps the server's interest graph small and makes a
+request cost one PUB.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import string
+
+import trio
+
+from headrace.protocol.events import Msg
+
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def unique_token(length: int = 22) -> str:
+    """A random token of base-62 characters (about 131 bits for the default length)."""
+    return "".join(secrets.choice(_ALPHABET) for _ in range(length))
+
+
+def new_inbox(prefix: str = "_INBOX") -> str:
+    """A subject nobody else uses, for a one-off reply."""
+    return f"{prefix}.{unique_token()}"
+
+
+class _Pending:
+    __slots__ = ("event", "msg", "subject")
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        self.event = trio.Event()
+        self.msg: Msg | BaseException | None = None
+
+
+class RequestMux:
+    """Matches replies arriving on the shared inbox to the requests waiting for them."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = f"{new_inbox(prefix)}."
+        self._pending: dict[str, _Pending] = {}
+        self._tokens = (f"{i:x}" for i in itertools.count(1))
+
+    @property
+    def subject(self) -> str:
+        """The wildcard subject to subscribe to."""
+        return self.prefix + "*"
+
+    def register(self, subject: str) -> tuple[str, _Pending]:
+        token = next(self._tokens)
+        slot = _Pending(subject)
+        self._pending[token] = slot
+        return self.prefix + token, slot
+
+    def unregister(self, reply: str) -> None:
+        self._pending.pop(reply[len(self.prefix) :], None)
+
+    def on_batch(self, batch: list[Msg]) -> None:
+        """Called by the reader with replies; the first reply of a request wins."""
+        n = len(self.prefix)
+        for msg in batch:
+            slot = self._pending.pop(msg.subject[n:], None)
+            if slot is not None:
+                slot.msg = msg
+                slot.event.set()
+
+    def fail(self, error: BaseException, subject: str | None = None) -> None:
+        """Fail waiting requests (all, or those published to ``subject``)."""
+        for token, slot in list(self._pending.items()):
+            if subject is None or slot.subject == subject:
+                del self._pending[token]
+                slot.msg = error
+                slot.event.set()

@@ -1,0 +1,187 @@
+"""Server addresses, the server pool, and the reconnect backoff (ADR-40).
+
+Pure logic, no I/O: which server to try next and how long to wait first. The connection
+supervisor asks the pool for the next server, reports the outcome, and sleeps what
+:func:`backoff_delay` says.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from urllib.parse import unquote, urlsplit
+
+import attrs
+
+DEFAULT_PORT = 4222
+_SCHEMES = {"nats": False, "tls": True}
+
+
+@attrs.frozen(slots=True)
+class ServerAddress:
+    """One server URL, split into what the connection needs.
+
+    ``nats://[user:password@|token@]host[:port]`` or ``tls://...``; a bare ``host[:port]`` means
+    ``nats://``. Credentials in the URL override the connection's own.
+    """
+
+    host: str
+    port: int = DEFAULT_PORT
+    tls: bool = False
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> ServerAddress:
+        """Parse a server URL; a clear ``ValueError`` for anything we cannot connect to."""
+        if not isinstance(url, str) or not url.strip():
+            raise ValueError(f"server URL must be a non-empty string, not {url!r}")
+        text = url.strip()
+        if "://" not in text:
+            text = "nats://" + text
+        parts = urlsplit(text)
+        scheme = parts.scheme.lower()
+        if scheme in ("ws", "wss"):
+            raise ValueError(f"{url!r}: websocket connections are not supported; use nats://")
+        if scheme not in _SCHEMES:
+            raise ValueError(f"{url!r}: unknown scheme {scheme!r}; use nats:// or tls://")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(f"{url!r}: a server URL has no path, query or fragment")
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"{url!r}: invalid port") from exc
+        host = parts.hostname
+        if not host:
+            raise ValueError(f"{url!r}: no host")
+        user = unquote(parts.username) if parts.username is not None else None
+        password = unquote(parts.password) if parts.password is not None else None
+        token = None
+        if user is not None and password is None:
+            token, user = user, None
+        return cls(
+            host=host,
+            port=port if port is not None else DEFAULT_PORT,
+            tls=_SCHEMES[scheme],
+            user=user,
+            password=password,
+            token=token,
+        )
+
+    @property
+    def hostport(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        """The URL without credentials, safe to log."""
+        return f"{'tls' if self.tls else 'nats'}://{self.hostport}"
+
+
+@attrs.define(slots=True, eq=False)
+class PoolEntry:
+    """A server in the pool and what we know about our attempts on it."""
+
+    address: ServerAddress
+    discovered: bool = False
+    failed_attempts: int = 0
+    did_connect: bool = False
+    last_error: BaseException | None = None
+
+
+class ServerPool:
+    """The servers we may connect to: the configured ones plus those learned from INFO.
+
+    Order is randomized unless ``randomize`` is false (ADR-40 "retain servers order").
+    :meth:`next` rotates through the pool; the supervisor decides when to wait.
+    """
+
+    def __init__(
+        self,
+        urls: Iterable[str],
+        *,
+        randomize: bool = True,
+        use_discovered: bool = True,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._rng = rng or random.Random()
+        self.randomize = randomize
+        self.use_discovered = use_discovered
+        self._entries: list[PoolEntry] = []
+        self.replace(urls)
+
+    def replace(self, urls: Iterable[str]) -> None:
+        """Use exactly ``urls`` from now on (ADR-40 custom server pool); discovered ones go."""
+        entries: list[PoolEntry] = []
+        seen: set[str] = set()
+        for url in urls:
+            address = ServerAddress.parse(url)
+            if address.hostport not in seen:
+                seen.add(address.hostport)
+                entries.append(PoolEntry(address))
+        if not entries:
+            raise ValueError("the server pool needs at least one server URL")
+        if self.randomize:
+            self._rng.shuffle(entries)
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterable[PoolEntry]:
+        return iter(list(self._entries))
+
+    @property
+    def entries(self) -> list[PoolEntry]:
+        return list(self._entries)
+
+    def next(self) -> PoolEntry:
+        """The server to try next; it moves to the back of the rotation."""
+        entry = self._entries.pop(0)
+        self._entries.append(entry)
+        return entry
+
+    def add_discovered(self, hostports: Iterable[str], *, tls: bool) -> list[ServerAddress]:
+        """Add servers from INFO ``connect_urls``; return those that were new."""
+        if not self.use_discovered:
+            return []
+        known = {e.address.hostport for e in self._entries}
+        added: list[ServerAddress] = []
+        fresh: list[PoolEntry] = []
+        for hostport in hostports:
+            try:
+                address = ServerAddress.parse(("tls://" if tls else "nats://") + hostport)
+            except ValueError:
+                continue
+            if address.hostport in known:
+                continue
+            known.add(address.hostport)
+            added.append(address)
+            fresh.append(PoolEntry(address, discovered=True))
+        if self.randomize:
+            self._rng.shuffle(fresh)
+        self._entries.extend(fresh)
+        return added
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    initial: float,
+    maximum: float,
+    jitter: float,
+    rng: random.Random | None = None,
+    custom: Callable[[int], float] | None = None,
+) -> float:
+    """Seconds to wait before reconnect pass ``attempt`` (1 for the first wait).
+
+    Exponential: ``initial * 2**(attempt-1)`` capped at ``maximum``, then spread by
+    ``±jitter`` (a fraction) so that many clients do not return in step (ADR-40). A ``custom``
+    function of the attempt number replaces the formula.
+    """
+    if custom is not None:
+        return max(0.0, float(custom(attempt)))
+    base = min(maximum, initial * 2.0 ** min(attempt - 1, 62))
+    spread: float = (rng or random).uniform(-jitter, jitter) if jitter else 0.0
+    return max(0.0, base * (1.0 + spread))
