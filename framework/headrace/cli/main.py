@@ -1,0 +1,63 @@
+"""``headrace``: the command-line entry point.
+
+Subcommands are added by the issues that deliver them (``run``, ``demo``, ``graph``,
+``checkpoints``); each lives in its own module and registers its parser here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from headrace._version import __version__
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.what == "core":
+        from headrace.benchmarks import core
+        from headrace.localserver import LocalServerError
+
+        try:
+            core.run(args.messages, args.payload, list(core.IMPLS), args.json)
+        except LocalServerError as exc:
+            print(f"headrace bench: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headrace",
+        description=(
+            "Stream pipelines from structured-concurrency actors on trio: "
+            "NATS JetStream in, sink plugins out."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"headrace {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure headrace against the clients a user would pick instead",
+        description=(
+            "Benchmarks print one line (or JSON object) per implementation, measured in the "
+            "same run, with headrace's ratio against each peer and peak RSS."
+        ),
+    )
+    bench.add_argument(
+        "what", choices=["core"], help="core: core NATS subscriber throughput vs nats-py"
+    )
+    bench.add_argument("--messages", type=int, default=200_000, help="default: 200000")
+    bench.add_argument("--payload", type=int, default=128, help="bytes per message (128)")
+    bench.add_argument("--json", action="store_true", help="one JSON object per line")
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        sys.exit(0)
+    sys.exit(args.func(args))

