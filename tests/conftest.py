@@ -1,0 +1,71 @@
+"""Shared fixtures: real nats-server processes (see ``servers.py``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from natspy_peer import NatsPyPeer
+from servers import NatsCluster, NatsServer, TLSFiles
+
+settings.register_profile("ci", max_examples=2000, deadline=None)
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def nats_server_factory() -> Iterator[Callable[..., NatsServer]]:
+    """``factory(**NatsServer kwargs) -> started NatsServer``; all are closed at teardown."""
+    started: list[NatsServer] = []
+
+    def factory(**kwargs: Any) -> NatsServer:
+        server = NatsServer(**kwargs)
+        started.append(server)
+        return server.start()
+
+    yield factory
+    for server in reversed(started):
+        server.close()
+
+
+@pytest.fixture
+def nats_server(nats_server_factory: Callable[..., NatsServer]) -> NatsServer:
+    """A fresh single node with JetStream (file store in a temp dir)."""
+    return nats_server_factory()
+
+
+@pytest.fixture
+def nats_cluster() -> Iterator[NatsCluster]:
+    """Three routed nodes (n0, n1, n2) with clustered JetStream and an elected meta leader."""
+    cluster = NatsCluster(size=3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def core_server(nats_server_factory: Callable[..., NatsServer]) -> NatsServer:
+    """A fresh single node without JetStream: quicker to start, for core NATS tests."""
+    return nats_server_factory(jetstream=False)
+
+
+@pytest.fixture
+def natspy() -> Iterator[NatsPyPeer]:
+    """nats-py on its own asyncio loop, the independent peer (see ``natspy_peer.py``)."""
+    peer = NatsPyPeer()
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
+@pytest.fixture
+def tls_files() -> Iterator[TLSFiles]:
+    """CA, server cert (127.0.0.1/localhost), client cert and an unrelated CA, as PEM files."""
+    with TLSFiles.create() as files:
+        yield files

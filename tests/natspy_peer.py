@@ -1,0 +1,57 @@
+"""nats-py as the independent peer of trio tests.
+
+nats-py is asyncio-only, so the peer runs its own asyncio loop in a thread; trio tests call it
+through ``trio.to_thread.run_sync`` (the :meth:`NatsPyPeer.call` helper), so the trio loop keeps
+running while the peer works and a test checks headrace against a client it did not write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import nats
+import trio
+
+T = TypeVar("T")
+
+
+class NatsPyPeer:
+    """A nats-py connection on a private asyncio loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.nc: Any = None
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 20) -> T:
+        """Run ``coro`` on the peer's loop from a plain thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """From trio: run ``fn(*args, **kwargs)`` on the peer's loop and wait for the result."""
+
+        async def wrapper() -> T:
+            return await fn(*args, **kwargs)
+
+        return await trio.to_thread.run_sync(lambda: self.run(wrapper()))
+
+    async def connect(self, url: str, **kwargs: Any) -> Any:
+        async def go() -> Any:
+            return await nats.connect(url, allow_reconnect=False, **kwargs)
+
+        self.nc = await self.call(go)
+        return self.nc
+
+    def close(self) -> None:
+        if self.nc is not None and not self.nc.is_closed:
+            try:
+                self.run(self.nc.close(), timeout=5)
+            except Exception:
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
