@@ -89,8 +89,9 @@ class AuthorizationError(ServerError):
 class PermissionViolation(ServerError):
     """A publish or subscribe on a subject the user has no permission for.
 
-    ``operation`` is ``"publish"`` or ``"subscription"``, ``subject`` the subject named by the
-    server and ``queue`` the queue group when the server mentioned one.
+    ``operation`` is ``"publish"``, ``"subscription"`` or ``"reply"`` (publishing with a reply
+    subject the user may not use), ``subject`` the subject named by the server and ``queue`` the
+    queue group when the server mentioned one.
     """
 
     def __init__(

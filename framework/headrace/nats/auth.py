@@ -86,9 +86,7 @@ def sign_nonce(seed: bytes, nonce: str) -> tuple[str, str]:
     return public, base64.urlsafe_b64encode(sig).rstrip(b"=").decode()
 
 
-def auth_fields(
-    creds: Credentials, address: ServerAddress, nonce: str | None
-) -> dict[str, Any]:
+def auth_fields(creds: Credentials, address: ServerAddress, nonce: str | None) -> dict[str, Any]:
     """The authentication part of CONNECT for ``address`` given the server's ``nonce``."""
     fields: dict[str, Any] = {}
     if creds.creds_file is not None:

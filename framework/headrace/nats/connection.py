@@ -30,6 +30,7 @@ from headrace._version import __version__
 from headrace.errors import (
     AuthorizationError,
     ConnectionClosedError,
+    ConnectionLostError,
     ConnectTimeout,
     DrainTimeout,
     FlushTimeout,
@@ -77,7 +78,9 @@ from headrace.protocol.events import Err, Event, Info, Msg, Ok, Ping, Pong, Serv
 from headrace.protocol.headers import Headers
 from headrace.protocol.parser import ProtocolParser
 
-_HANDSHAKE_ERRORS = (OSError, NatsError, ProtocolError, trio.BrokenResourceError)
+# What a failed attempt on one server can raise; the next server is tried. ValueError covers
+# host names the resolver refuses (an IDNA UnicodeError for "a..b").
+_HANDSHAKE_ERRORS = (OSError, ValueError, NatsError, ProtocolError, trio.BrokenResourceError)
 
 
 @attrs.define(slots=True)
@@ -123,7 +126,8 @@ class Connection:
         self._hub = EventHub()
         self._subs: dict[int, Subscription] = {}
         self._next_sid = 1
-        self._status = Status.CONNECTING
+        self._status = Status.CONNECTING  # of the link: CONNECTING/CONNECTED/RECONNECTING/CLOSED
+        self._draining = False
         self._connected = trio.Event()
         self._closed = trio.Event()
         self._close_error: BaseException | None = None
@@ -147,11 +151,14 @@ class Connection:
 
     @property
     def status(self) -> Status:
+        """``DRAINING`` from :meth:`drain` until closed, whatever reconnects happen meanwhile."""
+        if self._draining and self._status is not Status.CLOSED:
+            return Status.DRAINING
         return self._status
 
     @property
     def is_connected(self) -> bool:
-        return self._transport is not None and self._status in (Status.CONNECTED, Status.DRAINING)
+        return self._transport is not None and self._status is Status.CONNECTED
 
     @property
     def is_closed(self) -> bool:
@@ -243,13 +250,15 @@ class Connection:
         self.stats.out_msgs += 1
 
     def publish_nowait(self, subject: str, data: bytes = b"") -> None:
-        """Queue a small control message at once, ignoring the buffer limits.
+        """Queue a small message at once, without a checkpoint and without validation.
 
-        For subjects that came from the server (ack replies): no validation, no waiting. Do
-        not use it for user data, which must respect the write and reconnect buffers.
+        For subjects that came from the server (``$JS.ACK`` replies), where a checkpoint per
+        message would cost more than the message: it may exceed ``write_buffer_size`` (the
+        writer catches up), but while disconnected the reconnect buffer bound still holds
+        (:class:`~headrace.errors.OutboundBufferFull`). User data belongs in :meth:`publish`.
         """
         self._check_open()
-        self._out.append(encode_pub(subject, data, check=False))
+        self._out.put_nowait(encode_pub(subject, data, check=False))
         self.stats.out_msgs += 1
 
     async def flush(self, timeout: float | None = None) -> None:
@@ -304,7 +313,7 @@ class Connection:
         """:meth:`subscribe` without a checkpoint; ``handler`` makes an internal subscription
         whose batches go straight to a non-blocking function instead of a buffer."""
         self._check_open()
-        if self._status is Status.DRAINING:
+        if self._draining and handler is None:
             raise NatsError("the connection is draining; no new subscriptions")
         opts = self._opts
         sid = self._next_sid
@@ -346,20 +355,30 @@ class Connection:
 
     async def _drain_subscription(self, sub: Subscription, timeout: float | None) -> None:
         limit = self._opts.drain_timeout if timeout is None else timeout
-        with trio.move_on_after(limit) as scope:
-            if sub.sid in self._subs and not self.is_closed:
-                sub._draining = True  # not re-sent if a reconnect happens meanwhile
-                if self._out.connected:
-                    self._out.append(encode_unsub(sub.sid))
-                # The server handles the UNSUB before the PING: once the PONG is back, every
-                # message it will ever send for this sid has been routed to the buffer.
-                await self.flush(limit)
+        try:
+            with trio.move_on_after(limit) as scope:
+                if sub.sid in self._subs and not self.is_closed:
+                    sub._draining = True  # not re-sent if a reconnect happens meanwhile
+                    if self._out.connected:
+                        self._out.append(encode_unsub(sub.sid))
+                    # The server handles the UNSUB before the PING: once the PONG is back,
+                    # every message it will send for this sid has been routed to the buffer.
+                    # If the connection is lost instead, nothing more can come either (the
+                    # sid is not re-sent), so the drain goes on with what arrived.
+                    try:
+                        await self.flush(limit)
+                    except ConnectionLostError:
+                        pass
                 self._forget(sub)
+                sub._finish(None)
+                await sub._queue.wait_empty()
+        finally:
+            # Whatever happened (timeout, cancellation, a closed connection), the subscription
+            # is over: nobody may be left waiting on it.
+            self._forget(sub)
             sub._finish(None)
-            await sub._queue.wait_empty()
         if scope.cancelled_caught:
             unread = sub._queue.discard()
-            sub._finish(None)
             raise DrainTimeout(
                 f"{sub!r} was not drained within {limit}s; {unread} messages were not read",
                 unread,
@@ -373,7 +392,7 @@ class Connection:
     def _request_mux(self) -> RequestMux:
         if self._mux is None:
             mux = RequestMux(self._opts.inbox_prefix)
-            self.subscribe_nowait(mux.subject, handler=mux.on_batch)
+            mux.sid = self.subscribe_nowait(mux.subject, handler=mux.on_batch).sid
             self._mux = mux
         return self._mux
 
@@ -441,6 +460,8 @@ class Connection:
                             return
                     error = await self._run_session(transport, task_status)
                     task_status = trio.TASK_STATUS_IGNORED
+                    # Try the other servers before coming back to the one we just lost.
+                    self._pool.demote(transport.entry)
                     transport = None
                     if self.is_closed:
                         return
@@ -458,7 +479,14 @@ class Connection:
             self._supervisor_done.set()
 
     async def _reconnect(self) -> _Transport | None:
-        """Walk the pool until a server takes us, or the attempts run out (then close)."""
+        """Walk the pool until a server takes us, or the attempts run out (then close).
+
+        Every server never tried, or not tried for a while, is dialled at once (so the first
+        pass is immediate, ADR-40). A server dialled recently waits until its backoff has passed
+        since that dial: ``reconnect_wait`` doubled per consecutive failure on it, capped, with
+        jitter. This also paces a server that accepts and then drops us at once: it is dialled
+        at most once per ``reconnect_wait``.
+        """
         opts = self._opts
         attempts = 0
         last: BaseException | None = None
@@ -466,18 +494,16 @@ class Connection:
             if opts.max_reconnect_attempts is not None and attempts >= opts.max_reconnect_attempts:
                 self._terminate(last or ConnectionClosedError("no reconnect attempts allowed"))
                 return None
-            size = len(self._pool)
-            if attempts and attempts % size == 0:
-                await trio.sleep(
-                    backoff_delay(
-                        attempts // size,
-                        initial=opts.reconnect_wait,
-                        maximum=opts.reconnect_wait_max,
-                        jitter=opts.reconnect_jitter,
-                        custom=opts.reconnect_delay,
-                    )
-                )
             entry = self._pool.next()
+            if entry.last_attempt is not None:
+                delay = backoff_delay(
+                    max(entry.failed_attempts, 1),
+                    initial=opts.reconnect_wait,
+                    maximum=opts.reconnect_wait_max,
+                    jitter=opts.reconnect_jitter,
+                    custom=opts.reconnect_delay,
+                )
+                await trio.sleep_until(entry.last_attempt + delay)
             try:
                 return await self._open(entry)
             except _HANDSHAKE_ERRORS as exc:
@@ -517,6 +543,8 @@ class Connection:
             self._ever_connected = True
             self._hub.emit(Connected(t.entry.address))
         self._connected.set()
+        # The handshake INFO may already list the cluster or announce lame duck mode.
+        self._on_info(t.info)
         task_status.started()
         try:
             async with trio.open_nursery() as nursery:
@@ -611,7 +639,7 @@ class Connection:
         info = ServerInfo.from_json({**t.info.raw, **info.raw})
         t.info = info
         self._last_info = info
-        added = self._pool.add_discovered(info.connect_urls, tls=t.entry.address.tls)
+        added = self._pool.add_discovered(info.connect_urls, source=t.entry)
         if added:
             self._hub.emit(ServersDiscovered(tuple(added)))
         if info.lame_duck_mode:
@@ -621,15 +649,23 @@ class Connection:
         error = server_errors.classify(message)
         self._hub.emit(ServerErrorEvent(error))
         if isinstance(error, PermissionViolation):
+            mux = self._mux
             if error.operation == "subscription":
                 # The server dropped our interest: end the first matching subscription.
                 for sub in list(self._subs.values()):
                     if sub.subject == error.subject and sub.queue == error.queue:
                         self._forget(sub)
                         sub._finish(error)
+                        if mux is not None and sub.sid == mux.sid:
+                            # The shared inbox is gone: fail its requests, make a new one next.
+                            mux.fail(error)
+                            self._mux = None
                         break
-            elif self._mux is not None:
-                self._mux.fail(error, error.subject)
+            elif mux is not None:
+                if error.operation == "reply":
+                    mux.fail_reply(error, error.subject)
+                else:
+                    mux.fail(error, error.subject)
             return
         if server_errors.is_terminal(error):
             raise error
@@ -660,6 +696,7 @@ class Connection:
         """TCP connect, INFO, TLS as needed, CONNECT + PING, and wait for the PONG."""
         opts = self._opts
         address = entry.address
+        entry.last_attempt = trio.current_time()
         try:
             with trio.fail_after(opts.connect_timeout):
                 tcp = await trio.open_tcp_stream(address.host, address.port)
@@ -681,7 +718,7 @@ class Connection:
         parser = ProtocolParser(opts.max_control_line)
         stream: trio.abc.Stream = tcp
         if tls is not None and tls.handshake_first:
-            stream = await self._start_tls(tcp, address, tls)
+            stream = await self._start_tls(tcp, entry, tls)
         info, leftover = await self._read_info(stream, parser, address)
         if not (tls is not None and tls.handshake_first):
             if want_tls and not (info.tls_required or info.tls_available):
@@ -689,7 +726,7 @@ class Connection:
             if want_tls or info.tls_required:
                 if leftover or parser.buffered:
                     raise ProtocolError(f"{address} sent data after INFO before the TLS upgrade")
-                stream = await self._start_tls(tcp, address, tls or TLSConfig())
+                stream = await self._start_tls(tcp, entry, tls or TLSConfig())
         fields: dict[str, Any] = {
             "verbose": False,
             "pedantic": opts.pedantic,
@@ -708,15 +745,17 @@ class Connection:
             await stream.send_all(encode_connect(fields) + b"PING\r\n")
         except trio.BrokenResourceError as exc:
             raise ConnectionResetError(f"{address} closed the connection: {exc}") from exc
-        leftover = await self._await_pong(stream, parser, address)
+        info, leftover = await self._await_pong(stream, parser, address, info)
         return _Transport(stream, entry, info, parser, leftover)
 
     async def _start_tls(
-        self, tcp: trio.SocketStream, address: ServerAddress, tls: TLSConfig
+        self, tcp: trio.SocketStream, entry: PoolEntry, tls: TLSConfig
     ) -> trio.SSLStream[trio.SocketStream]:
-        ssl_stream = trio.SSLStream(
-            tcp, tls.make_context(), server_hostname=tls.hostname or address.host
-        )
+        address = entry.address
+        # A discovered server is often an IP; its certificate names the cluster's host name,
+        # which is the name of the server that told us about it.
+        hostname = tls.hostname or entry.tls_name or address.host
+        ssl_stream = trio.SSLStream(tcp, tls.make_context(), server_hostname=hostname)
         try:
             await ssl_stream.do_handshake()
         except trio.BrokenResourceError as exc:
@@ -752,18 +791,22 @@ class Connection:
             return first.info, events[1:]
 
     async def _await_pong(
-        self, stream: trio.abc.Stream, parser: ProtocolParser, address: ServerAddress
-    ) -> list[Event]:
+        self,
+        stream: trio.abc.Stream,
+        parser: ProtocolParser,
+        address: ServerAddress,
+        info: ServerInfo,
+    ) -> tuple[ServerInfo, list[Event]]:
         while True:
             events = parser.feed(await self._receive(stream, address))
             for i, event in enumerate(events):
                 if isinstance(event, Pong):
-                    return events[i + 1 :]
+                    return info, events[i + 1 :]
+                if isinstance(event, Info):
+                    info = ServerInfo.from_json({**info.raw, **event.info.raw})
                 if isinstance(event, Err):
                     error = server_errors.classify(event.message)
-                    if isinstance(error, ServerError) and not isinstance(
-                        error, AuthorizationError
-                    ):
+                    if isinstance(error, ServerError) and not isinstance(error, AuthorizationError):
                         error = ServerError(f"{address} refused the connection: {event.message}")
                     raise error
                 if isinstance(event, Ping):
@@ -779,8 +822,7 @@ class Connection:
         self._close_error = error
         self._supervisor_scope.cancel()
         closed = self._closed_error()
-        self._out.connected = False
-        self._out.fail_waiters(closed)
+        self._out.close(closed)
         for sub in list(self._subs.values()):
             sub._finish(None if error is None else closed)
         self._subs.clear()
@@ -800,30 +842,41 @@ class Connection:
             await self._supervisor_done.wait()
             return
         with trio.CancelScope(shield=True):
-            if self.is_connected and self._out:
+            if self.is_connected:
+                # Also when the buffer is empty: the writer may be inside send_all with bytes
+                # it took, and only a PONG says they arrived.
                 with trio.move_on_after(self._opts.connect_timeout):
-                    await self.flush(self._opts.connect_timeout)
+                    try:
+                        await self.flush(self._opts.connect_timeout)
+                    except NatsError:
+                        pass  # lost or timed out: we close anyway, as asked
             self._terminate(None)
             await self._supervisor_done.wait()
 
     async def drain(self, timeout: float | None = None) -> None:
         """Stop every subscription, let subscribers read what is buffered, flush, close.
 
-        New subscriptions are refused while draining; publishing still works until the end.
+        New subscriptions are refused while draining; publishing (and requests) still work
+        until the end. Raises :class:`~headrace.errors.DrainTimeout` when subscribers did not
+        read everything within ``timeout`` (default ``drain_timeout``); the connection is
+        closed either way.
         """
         self._check_open()
-        if self._status is Status.DRAINING:
+        if self._draining:
             raise NatsError("the connection is already draining")
         limit = self._opts.drain_timeout if timeout is None else timeout
-        self._status = Status.DRAINING
+        deadline = trio.current_time() + limit
+        self._draining = True
         errors: list[BaseException] = []
         try:
-            with trio.move_on_after(limit):
-                async with trio.open_nursery() as nursery:
-                    for sub in list(self._subs.values()):
-                        if sub._handler is None:
-                            nursery.start_soon(self._drain_one, sub, limit, errors)
-                await self.flush(limit)
+            async with trio.open_nursery() as nursery:
+                for sub in list(self._subs.values()):
+                    if sub._handler is None:
+                        nursery.start_soon(self._drain_one, sub, limit, errors)
+            try:
+                await self.flush(max(deadline - trio.current_time(), 0.001))
+            except (FlushTimeout, ConnectionLostError) as exc:
+                errors.append(exc)
         finally:
             await self.close()
         if errors:
@@ -834,7 +887,7 @@ class Connection:
     ) -> None:
         try:
             await self._drain_subscription(sub, limit)
-        except (NatsError, ConnectionClosedError) as exc:
+        except NatsError as exc:
             errors.append(exc)
 
     async def reconnect(self) -> None:

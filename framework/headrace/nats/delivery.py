@@ -111,10 +111,13 @@ class DeliveryQueue:
         self.dropped += dropped
         return dropped
 
-    async def put(self, batch: list[Msg]) -> None:
-        """Add all of ``batch``, first waiting while the buffer is full (``BACKPRESSURE``)."""
+    async def wait_room(self) -> None:
+        """Wait while the buffer is full (``BACKPRESSURE``); return at once once closed."""
         while self._full() and not self._closed:
             await self._putters.park()
+
+    def put_all(self, batch: list[Msg]) -> None:
+        """Add all of ``batch`` regardless of the bounds (after :meth:`wait_room`)."""
         if self._closed:
             return
         self._items.extend(batch)

@@ -142,12 +142,17 @@ class EventHub:
 
     def __init__(self) -> None:
         self._watchers: set[EventWatcher] = set()
+        self._closed = False
 
     def watch(self, buffer: int = 256) -> EventWatcher:
+        """A new watcher; on a closed hub one whose iteration ends at once."""
         if buffer < 1 and buffer != math.inf:
             raise ValueError(f"buffer must be at least 1, not {buffer}")
         watcher = EventWatcher(self, buffer)
-        self._watchers.add(watcher)
+        if self._closed:
+            watcher._send.close()
+        else:
+            self._watchers.add(watcher)
         return watcher
 
     def emit(self, event: ConnectionEvent) -> None:
@@ -161,6 +166,7 @@ class EventHub:
 
     def close(self) -> None:
         """End every watcher's iteration (after the events already queued)."""
+        self._closed = True
         for watcher in list(self._watchers):
             watcher._send.close()
         self._watchers.clear()

@@ -43,6 +43,8 @@ class RequestMux:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = f"{new_inbox(prefix)}."
+        #: The sid of the shared inbox subscription, once made.
+        self.sid = -1
         self._pending: dict[str, _Pending] = {}
         self._tokens = (f"{i:x}" for i in itertools.count(1))
 
@@ -68,6 +70,17 @@ class RequestMux:
             if slot is not None:
                 slot.msg = msg
                 slot.event.set()
+
+    def fail_reply(self, error: BaseException, reply: str) -> None:
+        """Fail the request whose reply subject is ``reply`` (the server refused it)."""
+        slot = (
+            self._pending.pop(reply[len(self.prefix) :], None)
+            if reply.startswith(self.prefix)
+            else None
+        )
+        if slot is not None:
+            slot.msg = error
+            slot.event.set()
 
     def fail(self, error: BaseException, subject: str | None = None) -> None:
         """Fail waiting requests (all, or those published to ``subject``)."""

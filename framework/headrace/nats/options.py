@@ -61,12 +61,14 @@ class ConnectOptions:
     #: Consecutive failed reconnect attempts before giving up; ``None`` tries forever.
     #: (60, as the Go and Python clients; ADR-40 leaves it to the client.)
     max_reconnect_attempts: int | None = 60
-    #: First backoff wait; doubles per pass over the pool up to ``reconnect_wait_max``.
+    #: Least time between two dials of one server; doubles per consecutive failure on that
+    #: server, up to ``reconnect_wait_max``.
     reconnect_wait: float = attrs.field(default=0.25, validator=_non_negative)
     reconnect_wait_max: float = attrs.field(default=5.0, validator=_non_negative)
     #: Fraction by which each wait is randomly lengthened or shortened.
     reconnect_jitter: float = attrs.field(default=0.25, validator=_non_negative)
-    #: Custom backoff: seconds to wait before pass ``n`` (1, 2, ...); replaces the formula.
+    #: Custom backoff: seconds between dials of a server after ``n`` consecutive failures on it
+    #: (``n`` >= 1); replaces the formula.
     reconnect_delay: Callable[[int], float] | None = None
     retry_on_failed_connect: bool = False
     #: Keep the given order of servers instead of shuffling them.

@@ -69,6 +69,8 @@ class OutboundBuffer:
         self._chunks: list[bytes] = []
         self._size = 0
         self.connected = False
+        #: Set when the connection closes for good: every later put raises it.
+        self.closed_error: BaseException | None = None
         self._writer = trio.lowlevel.ParkingLot()
         self._space = trio.lowlevel.ParkingLot()
         # PING groups: waiters to ping for, and those whose PING went out, oldest first, with
@@ -101,10 +103,24 @@ class OutboundBuffer:
         if self._writer:
             self._writer.unpark_all()
 
+    def put_nowait(self, data: bytes) -> None:
+        """Queue small data without waiting: over ``high_water`` while connected is allowed
+        (the writer catches up), but the reconnect buffer bound holds while disconnected."""
+        if self.closed_error is not None:
+            raise self.closed_error
+        if not self.connected and self._size + len(data) > self.reconnect_buffer:
+            raise OutboundBufferFull(
+                f"disconnected and the reconnect buffer is full ({self._size} of "
+                f"{self.reconnect_buffer} bytes); this publish was not queued"
+            )
+        self.append(data)
+
     async def put(self, data: bytes) -> None:
         """Queue published data, waiting for room while connected, refusing when disconnected
         and the reconnect buffer is full."""
         while True:
+            if self.closed_error is not None:
+                raise self.closed_error
             if not self.connected:
                 if self._size + len(data) > self.reconnect_buffer:
                     raise OutboundBufferFull(
@@ -173,6 +189,12 @@ class OutboundBuffer:
                 self._unsent = [w for w in waiters if w is not None]
             self._takes = self._confirmed = 0
         self._space.unpark_all()
+
+    def close(self, error: BaseException) -> None:
+        """Closed for good: fail waiting flushes and publishers, refuse everything after."""
+        self.closed_error = error
+        self.connected = False
+        self.fail_waiters(error)
 
     def fail_waiters(self, error: BaseException) -> None:
         for group in [*(g for _, g in self._sent), self._unsent]:

@@ -17,8 +17,10 @@ from headrace.errors import (
     StaleConnectionError,
 )
 
+# "... for Publish to "x"", "... for Subscription to "x" using queue "q"", and
+# "... for Publish with Reply of "r"" (the operation is then "reply", the subject the reply).
 _PERMISSION_RE = re.compile(
-    r"permissions violation for (publish|subscription) to \"?([^\"\s]+)\"?"
+    r"permissions violation for (publish|subscription)(?: to| with reply of)? \"?([^\"\s]+)\"?"
     r"(?:\s+using queue \"?([^\"\s]+)\"?)?",
     re.IGNORECASE,
 )
@@ -54,6 +56,8 @@ def classify(message: str) -> ServerError | StaleConnectionError:
     match = _PERMISSION_RE.search(message)
     if match:
         operation = match.group(1).lower()
+        if "with reply of" in lower:
+            operation = "reply"
         return PermissionViolation(message, operation, match.group(2), match.group(3))
     if any(p in lower for p in _AUTH_PHRASES):
         return AuthorizationError(message)

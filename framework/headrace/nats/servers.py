@@ -85,9 +85,14 @@ class PoolEntry:
 
     address: ServerAddress
     discovered: bool = False
+    #: Consecutive failed attempts (reset by a successful handshake).
     failed_attempts: int = 0
     did_connect: bool = False
     last_error: BaseException | None = None
+    #: ``trio.current_time()`` of the last dial, which paces the next one.
+    last_attempt: float | None = None
+    #: The name to check the TLS certificate against, when not the address's host.
+    tls_name: str | None = None
 
 
 class ServerPool:
@@ -142,23 +147,38 @@ class ServerPool:
         self._entries.append(entry)
         return entry
 
-    def add_discovered(self, hostports: Iterable[str], *, tls: bool) -> list[ServerAddress]:
-        """Add servers from INFO ``connect_urls``; return those that were new."""
+    def demote(self, entry: PoolEntry) -> None:
+        """Move ``entry`` to the back, so that the others are tried first (a server just lost)."""
+        if entry in self._entries:
+            self._entries.remove(entry)
+            self._entries.append(entry)
+
+    def add_discovered(self, hostports: Iterable[str], *, source: PoolEntry) -> list[ServerAddress]:
+        """Add servers from INFO ``connect_urls`` sent by ``source``; return the new ones.
+
+        They inherit the source's scheme and URL credentials, and check TLS certificates
+        against the source's host name (a discovered address is often a bare IP).
+        """
         if not self.use_discovered:
             return []
+        template = source.address
+        tls_name = source.tls_name or template.host
         known = {e.address.hostport for e in self._entries}
         added: list[ServerAddress] = []
         fresh: list[PoolEntry] = []
         for hostport in hostports:
             try:
-                address = ServerAddress.parse(("tls://" if tls else "nats://") + hostport)
+                address = ServerAddress.parse(("tls://" if template.tls else "nats://") + hostport)
             except ValueError:
                 continue
             if address.hostport in known:
                 continue
+            address = attrs.evolve(
+                address, user=template.user, password=template.password, token=template.token
+            )
             known.add(address.hostport)
             added.append(address)
-            fresh.append(PoolEntry(address, discovered=True))
+            fresh.append(PoolEntry(address, discovered=True, tls_name=tls_name))
         if self.randomize:
             self._rng.shuffle(fresh)
         self._entries.extend(fresh)
@@ -174,7 +194,7 @@ def backoff_delay(
     rng: random.Random | None = None,
     custom: Callable[[int], float] | None = None,
 ) -> float:
-    """Seconds to wait before reconnect pass ``attempt`` (1 for the first wait).
+    """Seconds between two dials of a server after ``attempt`` consecutive failures (>= 1).
 
     Exponential: ``initial * 2**(attempt-1)`` capped at ``maximum``, then spread by
     ``±jitter`` (a fraction) so that many clients do not return in step (ADR-40). A ``custom``

@@ -148,6 +148,9 @@ class Subscription:
         Applies the auto-unsubscribe limit and the slow consumer policy; waits only under
         ``BACKPRESSURE``.
         """
+        queue = self._queue
+        if self._handler is None and queue.policy is SlowConsumerPolicy.BACKPRESSURE:
+            await queue.wait_room()  # first, so the limit below is the one in force after it
         limit = self.max_msgs
         done = False
         if limit is not None and limit - self.delivered <= len(batch):
@@ -157,10 +160,10 @@ class Subscription:
         if batch:
             if self._handler is not None:
                 self._handler(batch)
-            elif self._queue.policy is SlowConsumerPolicy.DROP:
-                dropped = self._queue.put_nowait(batch)
+            elif queue.policy is SlowConsumerPolicy.DROP:
+                dropped = queue.put_nowait(batch)
             else:
-                await self._queue.put(batch)
+                queue.put_all(batch)
             self.delivered += len(batch)
         if dropped:
             if not self._slow:

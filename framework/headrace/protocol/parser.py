@@ -178,7 +178,12 @@ class ProtocolParser:
                     else:
                         raise ProtocolError(f"HMSG needs 4 or 5 arguments: {buf[pos:eol][:128]!r}")
                     hdr = _size(hdr_b, "HMSG header size")
-                size = _size(size_b, "MSG size")
+                # Inline digit checks: this runs per message (int() alone accepts "+1", "1_0").
+                if not size_b.isdigit():
+                    _size(size_b, "MSG size")
+                if not sid.isdigit():
+                    _size(sid, "sid")
+                size = int(size_b)
                 if size > max_payload:
                     raise ProtocolError(f"message of {size} bytes exceeds the {max_payload} limit")
                 if kind == _HMSG and not _HDR_MIN <= hdr <= size:
@@ -204,17 +209,9 @@ class ProtocolParser:
                             "HMSG header block is not a NATS/1.0 block: "
                             f"{buf[start : start + 32]!r}"
                         )
-                    append(
-                        Msg(
-                            subject.decode(),
-                            _size(sid, "sid"),
-                            reply,
-                            buf[hend:end],
-                            buf[start:hend],
-                        )
-                    )
+                    append(Msg(subject.decode(), int(sid), reply, buf[hend:end], buf[start:hend]))
                 else:
-                    append(Msg(subject.decode(), _size(sid, "sid"), reply, buf[start:end]))
+                    append(Msg(subject.decode(), int(sid), reply, buf[start:end]))
                 pos = end + 2
             elif kind == _PING:
                 append(PING)
