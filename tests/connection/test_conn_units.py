@@ -79,19 +79,31 @@ def test_pool_randomizes_unless_told_not_to():
     assert [e.address.host for e in kept.entries] == [f"h{i}" for i in range(20)]
 
 
-def test_pool_discovery():
-    pool = ServerPool(["a:1"], randomize=False)
-    added = pool.add_discovered(["a:1", "b:2", "c:3", "b:2"], tls=True)
-    assert [a.hostport for a in added] == ["b:2", "c:3"]
-    assert all(a.tls for a in added)
+def test_pool_discovery_inherits_scheme_credentials_and_tls_name():
+    pool = ServerPool(["tls://u:p@nats.example.com:1"], randomize=False)
+    source = pool.next()
+    added = pool.add_discovered(
+        ["nats.example.com:1", "10.0.0.2:2", "10.0.0.3:3", "10.0.0.2:2"], source=source
+    )
+    assert [a.hostport for a in added] == ["10.0.0.2:2", "10.0.0.3:3"]
+    assert all(a.tls and a.user == "u" and a.password == "p" for a in added)
     assert [e.discovered for e in pool.entries] == [False, True, True]
+    assert {e.tls_name for e in pool.entries if e.discovered} == {"nats.example.com"}
     ignoring = ServerPool(["a:1"], use_discovered=False)
-    assert ignoring.add_discovered(["b:2"], tls=False) == []
+    assert ignoring.add_discovered(["b:2"], source=ignoring.next()) == []
     assert len(ignoring) == 1
     pool.replace(["z:9"])
     assert [e.address.host for e in pool.entries] == ["z"]
     with pytest.raises(ValueError):
         pool.replace([])
+
+
+def test_pool_tries_others_before_the_server_just_lost():
+    pool = ServerPool(["a:1"], randomize=False)
+    current = pool.next()
+    pool.add_discovered(["b:2", "c:3"], source=current)
+    pool.demote(current)
+    assert [pool.next().address.host for _ in range(3)] == ["b", "c", "a"]
 
 
 def test_backoff_is_exponential_capped_and_jittered():
@@ -157,6 +169,9 @@ def test_classify_server_errors():
     assert isinstance(stale, StaleConnectionError) and server_errors.is_terminal(stale)
     payload = server_errors.classify("Maximum Payload Violation")
     assert type(payload) is ServerError and server_errors.is_terminal(payload)
+    reply = server_errors.classify('Permissions Violation for Publish with Reply of "_INBOX.x.1"')
+    assert isinstance(reply, PermissionViolation)
+    assert (reply.operation, reply.subject) == ("reply", "_INBOX.x.1")
     subs = server_errors.classify("maximum subscriptions exceeded")
     assert type(subs) is ServerError and not server_errors.is_terminal(subs)
 
@@ -180,11 +195,12 @@ async def test_delivery_queue_drop_policy_keeps_what_fits():
 
 async def test_delivery_queue_backpressure_waits_for_room():
     q = DeliveryQueue(max_msgs=2, max_bytes=1000, policy=SlowConsumerPolicy.BACKPRESSURE)
-    await q.put(msgs(2))
+    q.put_all(msgs(2))
     done = trio.Event()
 
     async def producer() -> None:
-        await q.put(msgs(1))
+        await q.wait_room()
+        q.put_all(msgs(1))
         done.set()
 
     async with trio.open_nursery() as nursery:

@@ -151,6 +151,19 @@ async def test_request_to_forbidden_subject_fails_fast(nats_server_factory):
             await nc.request("service.forbidden", b"?", timeout=30)
 
 
+async def test_refused_request_inbox_fails_requests_fast(nats_server_factory):
+    auth = permissions_auth()  # may subscribe to _INBOX.> only, not to other prefixes
+    server = nats_server_factory(jetstream=False, auth=auth.config)
+    async with connect(
+        server.url, user=auth.user, password=auth.password, inbox_prefix="private"
+    ) as nc:
+        with trio.fail_after(4), pytest.raises(PermissionViolation, match=r"private\."):
+            await nc.request("allowed.svc", b"?", timeout=30)
+        # The refused inbox is replaced, not reused, by the next request.
+        with trio.fail_after(4), pytest.raises(PermissionViolation):
+            await nc.request("allowed.svc", b"?", timeout=30)
+
+
 # -- TLS --------------------------------------------------------------------------------------
 
 
@@ -200,9 +213,7 @@ async def test_tls_first_handshake(nats_server_factory, tls_files):
         await roundtrip(nc)
     # A client that waits for INFO in clear text gets nothing from a TLS-first server.
     with pytest.raises((ConnectTimeout, TLSError, NoServersError)):
-        async with connect(
-            server.url, tls=TLSConfig(ca_file=tls_files.ca_file), connect_timeout=1
-        ):
+        async with connect(server.url, tls=TLSConfig(ca_file=tls_files.ca_file), connect_timeout=1):
             pass
 
 

@@ -8,16 +8,19 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 from headrace.errors import (
     ConnectionClosedError,
+    DrainTimeout,
     InvalidHeaderError,
     InvalidSubjectError,
     MaxPayloadExceeded,
+    NatsError,
     NoRespondersError,
     RequestTimeout,
     SubscriptionClosedError,
 )
-from headrace.nats import SlowConsumer, SlowConsumerPolicy, connect
+from headrace.nats import Reconnected, SlowConsumer, SlowConsumerPolicy, Status, connect
 from headrace.protocol import Headers
 
 
@@ -79,6 +82,19 @@ async def test_writes_are_coalesced(core_server):
         # send_all calls (plus the flush's PING), not one per message.
         assert nc.stats.writes - writes_before <= 5
         assert nc.stats.out_msgs >= 5000
+
+
+async def test_publish_nowait_for_server_given_subjects(core_server):
+    async with connect(core_server.url, write_buffer_size=64) as nc:
+        sub = await nc.subscribe("$JS.ACK.S.c.>")
+        await nc.flush()
+        # Far beyond write_buffer_size, with no checkpoint in between: all are queued.
+        for i in range(300):
+            nc.publish_nowait(f"$JS.ACK.S.c.1.{i}.{i}.0.0", b"+ACK")
+        await nc.flush()
+        got = await sub.next_batch()
+        assert [m.subject for m in got] == [f"$JS.ACK.S.c.1.{i}.{i}.0.0" for i in range(300)]
+        assert {m.data for m in got} == {b"+ACK"}
 
 
 async def test_request_reply_over_one_muxed_inbox(core_server):
@@ -263,6 +279,78 @@ async def test_drain_delivers_buffered_then_closes(core_server):
             await nc.publish("d", b"late")
 
 
+async def test_drain_timeout_reports_unread_messages(core_server):
+    async with connect(core_server.url) as nc:
+        sub = await nc.subscribe("unread")
+        for i in range(5):
+            await nc.publish("unread", b"%d" % i)
+        await nc.flush()
+        # Nobody reads: drain gives up after its timeout, says how many were left, and closes.
+        with pytest.raises(DrainTimeout) as info:
+            await nc.drain(timeout=0.3)
+        assert info.value.unread == 5
+        assert nc.is_closed and sub.is_closed
+
+
+async def test_drain_survives_a_reconnect(core_server):
+    async with connect(core_server.url, reconnect_wait=0.05) as nc:
+        sub = await nc.subscribe("dr")
+        await nc.publish("dr", b"kept")
+        await nc.flush()
+        with nc.events() as events:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(nc.drain, 10)
+                await trio.testing.wait_all_tasks_blocked()  # drain waits for our reader
+                assert nc.status is Status.DRAINING
+                await nc.reconnect()
+                with trio.fail_after(5):
+                    while not isinstance(await events.receive(), Reconnected):
+                        pass
+                # Still draining: no new subscriptions, and the drained one was not re-sent.
+                assert nc.status is Status.DRAINING
+                with pytest.raises(NatsError, match="draining"):
+                    await nc.subscribe("new")
+                assert [m.data async for m in sub] == [b"kept"]
+        assert nc.is_closed
+
+
+async def test_requests_work_while_draining(core_server):
+    async with (
+        connect(core_server.url) as service_nc,
+        connect(core_server.url) as nc,
+        trio.open_nursery() as nursery,
+    ):
+        service = await service_nc.subscribe("svc.d")
+        await service_nc.flush()
+
+        async def serve() -> None:
+            async for msg in service:
+                assert msg.reply is not None
+                await service_nc.publish(msg.reply, b"ok")
+
+        nursery.start_soon(serve)
+        held = await nc.subscribe("held")  # keeps the drain waiting for our reader
+        await nc.publish("held", b"x")
+        await nc.flush()
+        async with trio.open_nursery() as draining:
+            draining.start_soon(nc.drain, 5)
+            await trio.testing.wait_all_tasks_blocked()
+            assert nc.status is Status.DRAINING
+            # The connection's first request makes the shared inbox while draining.
+            reply = await nc.request("svc.d", b"?", timeout=5)
+            assert reply.data == b"ok"
+            assert [m.data async for m in held] == [b"x"]
+        assert nc.is_closed
+        nursery.cancel_scope.cancel()
+
+
+async def test_events_after_close_end_at_once(core_server):
+    async with connect(core_server.url) as nc:
+        pass
+    with trio.fail_after(1):
+        assert [e async for e in nc.events()] == []
+
+
 async def test_subscription_drain_only(core_server):
     async with connect(core_server.url) as nc:
         sub = await nc.subscribe("sd")
@@ -342,6 +430,7 @@ async def test_natspy_publishes_headrace_receives(core_server, natspy):
 
 async def test_headrace_publishes_natspy_receives(core_server, natspy):
     nc_py = await natspy.connect(core_server.url)
+
     async def subscribe() -> Any:
         return await nc_py.subscribe("to.py")
 

@@ -4,12 +4,15 @@ throughout; a fake server only for frames a real server never sends."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
 import trio
+import trio.testing
 from headrace.errors import (
     ConnectionClosedError,
     ConnectionLostError,
@@ -27,6 +30,7 @@ from headrace.nats import (
     Status,
     connect,
 )
+from servers import NatsCluster, user_password_auth
 
 E = TypeVar("E")
 
@@ -141,6 +145,9 @@ async def test_reconnect_buffer_bound_is_a_clear_error(nats_server):
                     await nc.publish("bound", b"%03d" % i + b"." * 96)
                     kept += 1
             assert 10 < kept < 20
+            # The unchecked path used for acks honours the same bound.
+            with pytest.raises(OutboundBufferFull):
+                nc.publish_nowait("bound", b"x" * 100)
             await trio.to_thread.run_sync(nats_server.start)
             await next_event(events, Reconnected)
             await nc.flush(timeout=5)
@@ -252,6 +259,29 @@ async def test_cluster_failover_through_discovered_servers(nats_cluster, natspy)
 
 
 @pytest.mark.slow
+async def test_failover_to_discovered_servers_keeps_url_credentials():
+    auth = user_password_auth()
+    cluster = NatsCluster(size=3, jetstream=False, auth=auth.config)
+    try:
+        await trio.to_thread.run_sync(cluster.start)
+        first = cluster[0]
+        url = f"nats://{auth.user}:{auth.password}@127.0.0.1:{first.port}"
+        async with connect(url, **FAST) as nc:
+            with nc.events() as events:
+                while len(nc.servers) < 3:
+                    await next_event(events, ServersDiscovered)
+                sub = await nc.subscribe("creds")
+                await nc.flush()
+                await trio.to_thread.run_sync(cluster.kill_node, 0)
+                back = await next_event(events, Reconnected)
+                assert back.server.port != first.port
+                await nc.publish("creds", b"authenticated elsewhere")
+                assert (await sub.next_msg(timeout=5)).data == b"authenticated elsewhere"
+    finally:
+        await trio.to_thread.run_sync(cluster.close)
+
+
+@pytest.mark.slow
 async def test_lame_duck_mode_is_reported_then_failover(nats_cluster):
     first = nats_cluster[0]
     others = [s.url for s in nats_cluster.servers[1:]]
@@ -269,67 +299,198 @@ async def test_lame_duck_mode_is_reported_then_failover(nats_cluster):
             assert (await sub.next_msg(timeout=5)).data == b"moved"
 
 
-# -- frames a real server never sends ---------------------------------------------------------
+# -- frames and behaviours a real server never shows -----------------------------------------
+
+FAKE_INFO = (
+    b'INFO {"server_id":"FAKE","version":"2.10.0","headers":true,'
+    b'"max_payload":67108864,"proto":1}\r\n'
+)
+
+Session = Callable[[trio.SocketStream, int, bytes], Awaitable[None]]
 
 
-async def _fake_server(
-    nursery: trio.Nursery, after_handshake: list[bytes], connections: list[int]
-) -> int:
-    """A minimal server: INFO, then PONG for the handshake PING; on the n-th connection,
-    ``after_handshake[n]`` once the client has published something (so that it arrives in the
-    session, not in the handshake)."""
+async def serve_fake(nursery: trio.Nursery, session: Session) -> int:
+    """A minimal server: INFO, PONG for the handshake PING, then ``session(stream, n, rest)``
+    for the n-th connection, ``rest`` being what the client sent after its handshake PING."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    count = 0
 
     async def handle(stream: trio.SocketStream) -> None:
-        n = len(connections)
-        connections.append(n)
-        await stream.send_all(b'INFO {"server_id":"FAKE","version":"2.10.0","headers":true,'
-                              b'"max_payload":1048576,"proto":1}\r\n')
+        nonlocal count
+        n, count = count, count + 1
+        await stream.send_all(FAKE_INFO)
         data = b""
         while b"PING\r\n" not in data:
-            chunk = await stream.receive_some(4096)
+            chunk = await stream.receive_some(65536)
             if not chunk:
                 return
             data += chunk
         await stream.send_all(b"PONG\r\n")
-        if n < len(after_handshake):
-            data = data[data.index(b"PING\r\n") + 6 :]
-            while b"PUB " not in data:
-                chunk = await stream.receive_some(4096)
-                if not chunk:
-                    return
-                data += chunk
-            await stream.send_all(after_handshake[n])
-        while await stream.receive_some(4096):
-            pass
+        await session(stream, n, data[data.index(b"PING\r\n") + 6 :])
 
     nursery.start_soon(trio.serve_listeners, handle, listeners)
     return int(listeners[0].socket.getsockname()[1])
 
 
-async def test_malformed_frame_ends_session_and_reconnects():
-    connections: list[int] = []
+async def read_until(stream: trio.SocketStream, data: bytes, marker: bytes) -> bytes | None:
+    """Read until ``marker`` is in ``data``; ``None`` when the client closes first."""
+    while marker not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def bad_frame_after_publish(frame: bytes) -> Session:
+    """First connection: send ``frame`` once the client publishes; later ones: stay quiet."""
+
+    async def session(stream: trio.SocketStream, n: int, rest: bytes) -> None:
+        if n == 0 and await read_until(stream, rest, b"PUB ") is not None:
+            await stream.send_all(frame)
+        while await stream.receive_some(65536):
+            pass
+
+    return session
+
+
+@pytest.mark.parametrize(
+    ("frame", "error", "text"),
+    [
+        (b"MSG foo 1 notanumber\r\n", ProtocolError, "MSG size"),
+        (b"-ERR 'Stale Connection'\r\n", StaleConnectionError, "stale"),
+    ],
+)
+async def test_bad_frame_ends_session_and_reconnects(frame, error, text):
     async with trio.open_nursery() as nursery:
-        port = await _fake_server(nursery, [b"MSG foo 1 notanumber\r\n"], connections)
+        port = await serve_fake(nursery, bad_frame_after_publish(frame))
         async with connect(f"nats://127.0.0.1:{port}", **FAST) as nc:
             with nc.events() as events:
                 await nc.publish("provoke", b"")
                 lost = await next_event(events, Disconnected)
-                assert isinstance(lost.error, ProtocolError)
-                assert "MSG size" in str(lost.error)
+                assert isinstance(lost.error, error)
+                assert text in str(lost.error)
                 await next_event(events, Reconnected)
-                assert len(connections) == 2
         nursery.cancel_scope.cancel()
 
 
-async def test_server_stale_connection_error_ends_session():
-    connections: list[int] = []
+async def test_close_when_the_connection_dies_under_its_flush():
+    async def drop_on_ping(stream: trio.SocketStream, n: int, rest: bytes) -> None:
+        await read_until(stream, rest, b"PING\r\n")
+        await stream.aclose()
+
     async with trio.open_nursery() as nursery:
-        port = await _fake_server(nursery, [b"-ERR 'Stale Connection'\r\n"], connections)
-        async with connect(f"nats://127.0.0.1:{port}", **FAST) as nc:
-            with nc.events() as events:
-                await nc.publish("provoke", b"")
-                lost = await next_event(events, Disconnected)
-                assert isinstance(lost.error, StaleConnectionError)
-                await next_event(events, Reconnected)
+        port = await serve_fake(nursery, drop_on_ping)
+        with pytest.raises(KeyError):
+            async with connect(f"nats://127.0.0.1:{port}", **FAST) as nc:
+                await nc.publish("x", b"y")
+                raise KeyError("the body's own error survives")
+        assert nc.is_closed
         nursery.cancel_scope.cancel()
+
+
+async def test_close_waits_for_bytes_the_writer_already_took():
+    payload = b"x" * (8 * 1024 * 1024)
+    received = trio.Event()
+    total = 0
+
+    async def slow_reader(stream: trio.SocketStream, n: int, rest: bytes) -> None:
+        nonlocal total
+        total = len(rest)
+        tail = rest[-6:]
+        while True:
+            await trio.sleep(0.001)  # a slow peer: the client's send_all has to wait
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            tail = (tail + chunk)[-6:]
+            if tail == b"PING\r\n":
+                await stream.send_all(b"PONG\r\n")
+        received.set()
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_fake(nursery, slow_reader)
+        async with connect(f"nats://127.0.0.1:{port}", connect_timeout=20) as nc:
+            await nc.publish("big", payload)
+            # The writer takes the bytes and blocks in send_all: the buffer is empty now.
+            await trio.testing.wait_all_tasks_blocked()
+            assert nc._out.size == 0
+        with trio.fail_after(20):
+            await received.wait()
+        nursery.cancel_scope.cancel()
+    assert total >= len(payload)
+
+
+async def test_a_server_that_drops_us_at_once_is_dialled_with_backoff():
+    dials: list[float] = []
+    enough = trio.Event()
+
+    async def drop(stream: trio.SocketStream, n: int, rest: bytes) -> None:
+        dials.append(trio.current_time())
+        if len(dials) >= 5:
+            enough.set()
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_fake(nursery, drop)
+        opts = {"reconnect_wait": 0.1, "reconnect_wait_max": 0.1, "reconnect_jitter": 0}
+        async with connect(f"nats://127.0.0.1:{port}", **opts):
+            with trio.fail_after(10):
+                await enough.wait()
+        nursery.cancel_scope.cancel()
+    gaps = [b - a for a, b in itertools.pairwise(dials)]
+    assert min(gaps) >= 0.09, gaps
+
+
+async def test_subscription_drain_ends_even_if_the_connection_is_lost():
+    async def drop_on_unsub(stream: trio.SocketStream, n: int, rest: bytes) -> None:
+        data = rest
+        while True:
+            got = await read_until(stream, data, b"PING\r\n")
+            if got is None:
+                return
+            before, _, data = got.partition(b"PING\r\n")
+            if n == 0 and b"UNSUB" in before:
+                await stream.aclose()
+                return
+            await stream.send_all(b"PONG\r\n")
+
+    async with trio.open_nursery() as nursery:
+        port = await serve_fake(nursery, drop_on_unsub)
+        async with connect(f"nats://127.0.0.1:{port}", **FAST) as nc:
+            sub = await nc.subscribe("d")
+            await nc.flush()
+            with trio.fail_after(10):
+                await sub.drain(timeout=5)
+            assert sub.is_closed and sub not in nc.subscriptions
+        nursery.cancel_scope.cancel()
+
+
+async def test_unresolvable_host_is_just_a_failed_attempt(core_server):
+    async with connect(["nats://a..b:4222", core_server.url], dont_randomize=True) as nc:
+        assert nc.is_connected
+
+
+async def test_publisher_waiting_for_room_learns_of_the_close(nats_server_factory):
+    server = nats_server_factory(jetstream=False)
+    async with connect(server.url, write_buffer_size=1024, connect_timeout=0.5) as nc:
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)  # nothing is read: the socket fills up
+        try:
+            outcome: list[BaseException] = []
+
+            async def publisher() -> None:
+                try:
+                    while True:
+                        await nc.publish("fill", b"x" * 60_000)
+                except ConnectionClosedError as exc:
+                    outcome.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(publisher)
+                await trio.testing.wait_all_tasks_blocked()
+                await nc.close()
+            assert len(outcome) == 1
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
