@@ -50,6 +50,7 @@ from headrace.nats.delivery import SlowConsumerPolicy
 from headrace.nats.events import (
     Closed,
     Connected,
+    ConnectionEvent,
     Disconnected,
     EventHub,
     EventWatcher,
@@ -123,7 +124,7 @@ class Connection:
             use_discovered=not options.ignore_discovered_servers,
         )
         self._out = OutboundBuffer(options.write_buffer_size, options.reconnect_buffer_size)
-        self._hub = EventHub()
+        self._hub: EventHub[ConnectionEvent] = EventHub()
         self._subs: dict[int, Subscription] = {}
         self._next_sid = 1
         self._status = Status.CONNECTING  # of the link: CONNECTING/CONNECTED/RECONNECTING/CLOSED
@@ -189,7 +190,7 @@ class Connection:
         """Why the connection closed, when it was not asked to."""
         return self._close_error
 
-    def events(self, buffer: int = 256) -> EventWatcher:
+    def events(self, buffer: int = 256) -> EventWatcher[ConnectionEvent]:
         """A new watcher of connection events (use ``with``, iterate with ``async for``)."""
         return self._hub.watch(buffer)
 
@@ -249,16 +250,17 @@ class Connection:
         await self._out.put(cmd)
         self.stats.out_msgs += 1
 
-    def publish_nowait(self, subject: str, data: bytes = b"") -> None:
+    def publish_nowait(self, subject: str, data: bytes = b"", reply: str | None = None) -> None:
         """Queue a small message at once, without a checkpoint and without validation.
 
-        For subjects that came from the server (``$JS.ACK`` replies), where a checkpoint per
-        message would cost more than the message: it may exceed ``write_buffer_size`` (the
-        writer catches up), but while disconnected the reconnect buffer bound still holds
-        (:class:`~headrace.errors.OutboundBufferFull`). User data belongs in :meth:`publish`.
+        For subjects that came from the server (``$JS.ACK`` replies) or that the library built
+        (pull requests), where a checkpoint per message would cost more than the message: it
+        may exceed ``write_buffer_size`` (the writer catches up), but while disconnected the
+        reconnect buffer bound still holds (:class:`~headrace.errors.OutboundBufferFull`).
+        User data belongs in :meth:`publish`.
         """
         self._check_open()
-        self._out.put_nowait(encode_pub(subject, data, check=False))
+        self._out.put_nowait(encode_pub(subject, data, reply, check=False))
         self.stats.out_msgs += 1
 
     async def flush(self, timeout: float | None = None) -> None:

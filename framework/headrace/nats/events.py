@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Generic, TypeVar
 
 import attrs
 import trio
@@ -104,22 +105,25 @@ ConnectionEvent = (
 )
 
 
-class EventWatcher:
+E = TypeVar("E")
+
+
+class EventWatcher(Generic[E]):
     """A watcher's side of the hub: iterate it, close it when done."""
 
-    def __init__(self, hub: EventHub, buffer: int) -> None:
+    def __init__(self, hub: EventHub[E], buffer: int | float) -> None:
         self._hub = hub
-        send, self._receive = trio.open_memory_channel[ConnectionEvent](buffer)
+        send, self._receive = trio.open_memory_channel[E](buffer)
         self._send = send
         self.dropped = 0
 
-    async def receive(self) -> ConnectionEvent:
+    async def receive(self) -> E:
         return await self._receive.receive()
 
-    def __aiter__(self) -> EventWatcher:
+    def __aiter__(self) -> EventWatcher[E]:
         return self
 
-    async def __anext__(self) -> ConnectionEvent:
+    async def __anext__(self) -> E:
         try:
             return await self._receive.receive()
         except trio.EndOfChannel:
@@ -130,21 +134,21 @@ class EventWatcher:
         self._send.close()
         self._receive.close()
 
-    def __enter__(self) -> EventWatcher:
+    def __enter__(self) -> EventWatcher[E]:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class EventHub:
-    """Fan connection events out to watchers without ever blocking the connection."""
+class EventHub(Generic[E]):
+    """Fan events out to watchers without ever blocking the one who emits them."""
 
     def __init__(self) -> None:
-        self._watchers: set[EventWatcher] = set()
+        self._watchers: set[EventWatcher[E]] = set()
         self._closed = False
 
-    def watch(self, buffer: int = 256) -> EventWatcher:
+    def watch(self, buffer: int | float = 256) -> EventWatcher[E]:
         """A new watcher; on a closed hub one whose iteration ends at once."""
         if buffer < 1 and buffer != math.inf:
             raise ValueError(f"buffer must be at least 1, not {buffer}")
@@ -155,7 +159,7 @@ class EventHub:
             self._watchers.add(watcher)
         return watcher
 
-    def emit(self, event: ConnectionEvent) -> None:
+    def emit(self, event: E) -> None:
         for watcher in list(self._watchers):
             try:
                 watcher._send.send_nowait(event)

@@ -1,0 +1,110 @@
+"""The actor primitive: a named trio task with a bounded inbox and an observable state.
+
+An actor is started in a nursery (so its lifetime is a scope in the caller's task tree), is
+addressed by its inbox, and reports what it is doing through :attr:`Actor.state`. A full inbox is
+backpressure: :meth:`Actor.send` waits, :meth:`Actor.tell` says no. The actor runtime issue adds
+supervision (restart policies, escalation) on top of this; everything here is generic and knows
+nothing of NATS, which is why it sits below the connection layer.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Generic, TypeVar
+
+import trio
+
+M = TypeVar("M")
+
+
+class ActorState(enum.Enum):
+    """What an actor is doing, for progress views and health checks."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class Actor(Generic[M]):
+    """Base class: subclasses implement :meth:`run`, reading :attr:`inbox` as they need.
+
+    ``inbox_size`` bounds the inbox (``0`` makes every send a rendezvous).
+    """
+
+    def __init__(self, name: str, inbox_size: int | float = 64) -> None:
+        if not name:
+            raise ValueError("an actor needs a name")
+        self.name = name
+        self._send, self.inbox = trio.open_memory_channel[M](inbox_size)
+        self.state = ActorState.STARTING
+        self.error: BaseException | None = None
+        self._scope: trio.CancelScope | None = None
+        self._done = trio.Event()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self.state.value}>"
+
+    async def run(self) -> None:
+        """The actor's loop; returning ends it (STOPPED), raising fails it (FAILED)."""
+        raise NotImplementedError
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Start in ``nursery``; returns once the actor is RUNNING."""
+        await nursery.start(self._main)
+
+    async def _main(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            self.state = ActorState.RUNNING
+            task_status.started()
+            try:
+                await self.run()
+            except BaseException as exc:
+                if isinstance(exc, trio.Cancelled):
+                    self.state = ActorState.STOPPED
+                else:
+                    self.state = ActorState.FAILED
+                    self.error = exc
+                raise
+            finally:
+                self._done.set()
+                self._send.close()
+        if self.state is not ActorState.FAILED:
+            self.state = ActorState.STOPPED
+
+    def tell(self, message: M) -> bool:
+        """Put ``message`` in the inbox if there is room; ``False`` if full or stopped."""
+        try:
+            self._send.send_nowait(message)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    async def send(self, message: M) -> None:
+        """Put ``message`` in the inbox, waiting for room (backpressure)."""
+        await self._send.send(message)
+
+    def stop(self) -> None:
+        """Cancel the actor's task; :meth:`wait_stopped` returns once it has ended."""
+        if self._scope is not None:
+            self._scope.cancel()
+        else:
+            self.state = ActorState.STOPPED
+            self._done.set()
+
+    async def wait_stopped(self, timeout: float = math.inf) -> None:
+        with trio.move_on_after(timeout):
+            await self._done.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.state in (ActorState.RUNNING, ActorState.DRAINING)
+
+
+def describe(actors: list[Actor[object]] | list[Actor[M]]) -> list[tuple[str, str]]:
+    """(name, state) of each actor, for listings."""
+    return [(a.name, a.state.value) for a in actors]

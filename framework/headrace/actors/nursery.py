@@ -1,0 +1,34 @@
+"""A nursery for actors that serve a body of code, as async context managers need.
+
+``async with open_actor_nursery() as nursery:`` starts actors next to the body; when the body
+ends, the actors are cancelled. The body's own exception comes out as raised, not wrapped in
+an ``ExceptionGroup`` (trio's strict groups would otherwise wrap it because it passed through
+the nursery); failures of the actors themselves still propagate as trio reports them.
+
+Clean-up that must run before the actors are cancelled (a final flush, an unsubscribe) goes in
+the caller's own ``try/finally`` inside the block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+
+@asynccontextmanager
+async def open_actor_nursery() -> AsyncIterator[trio.Nursery]:
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            yield nursery
+        except BaseException as exc:
+            body_error = exc
+        finally:
+            nursery.cancel_scope.cancel()
+    if body_error is not None:
+        try:
+            raise body_error
+        finally:
+            body_error = None

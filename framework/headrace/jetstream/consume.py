@@ -1,0 +1,418 @@
+"""``consume()``: the consume buffer actor (ADR-37 "Consume specification").
+
+The buffer keeps up to ``max_messages`` (or ``max_bytes``) messages requested from the server
+and not yet taken by the user. It counts what is *pending*: asked for and not yet taken. Each
+time the user takes messages and the pending count falls to the threshold, it publishes one pull
+request for exactly what is missing. So memory is bounded by the buffer size, and a slow reader
+simply stops the requests: backpressure reaches the server without anything being dropped.
+
+Data and control are split. Messages go straight from the connection's reader into the buffer
+(one call per socket read, no task switch per message). The actor's own task handles what takes
+time: connection events (pause on disconnect; on reconnect reset the pending counts and pull
+again, without checking consumer info, ADR-37 rev 2), the heartbeat timer, and retries after a
+503. Its inbox carries those control messages.
+
+Heartbeats: every pull request asks for ``idle_heartbeat``; an alarm is raised after twice that
+without any message from the server (ADR-37; push consumers use 3x, ADR-15). The timer runs
+only while requested messages are outstanding on the server: when everything asked for has
+arrived and waits for the user, the server owes us nothing and silence is not an alarm. An alarm
+is not terminal: it is reported as an event, the pending counts are reset and a new request is
+sent, which is how a consume survives a consumer leader change that lost its waiting requests.
+
+Statuses (ADR-37): 100 is a heartbeat; 404, 408, 409 size, 423 end a request quietly; the
+``Exceeded Max*`` 409s are reported as warnings; 409 Consumer Deleted, 409 Consumer is push
+based, 400 and unknown statuses end the consume with a typed error after the buffered messages
+are read. A 503 (nothing serves the pull API, as while a server restarts) is reported and the
+pull retried after a delay, so a consume never stalls on it. Every terminating status with
+``Nats-Pending-Messages`` / ``Nats-Pending-Bytes`` headers reduces the pending counts by them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+from headrace.actors.actor import Actor, ActorState
+from headrace.errors import SubscriptionClosedError
+from headrace.jetstream.message import JsMsg
+from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
+from headrace.jetstream.pull_status import StatusKind, classify, pending_counts, status_error
+from headrace.nats.events import Disconnected, EventHub, EventWatcher, Reconnected
+from headrace.protocol.events import Msg
+
+if TYPE_CHECKING:
+    from headrace.jetstream.pull_consumer import PullConsumer
+
+DEFAULT_MAX_MESSAGES = 1000
+NO_RESPONDERS_RETRY = 1.0
+
+
+def _positive_int(_inst: object, attr: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{attr.name} must be at least 1, not {value}")
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ConsumeOptions:
+    """Buffer size and request settings of a consume (ADR-37 defaults).
+
+    Give ``max_messages`` or ``max_bytes``, not both; with neither, ``max_messages`` is 1000.
+    Thresholds default to half of the size and may not exceed it.
+    """
+
+    max_messages: int | None = attrs.field(default=None, validator=_positive_int)
+    max_bytes: int | None = attrs.field(default=None, validator=_positive_int)
+    expires: float = 30.0
+    idle_heartbeat: float | None = None
+    threshold_messages: int | None = None
+    threshold_bytes: int | None = None
+    #: Heartbeat alarm after this many idle_heartbeat intervals of silence (ADR-37: 2).
+    heartbeat_alarm_factor: float = 2.0
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_messages is not None and self.max_bytes is not None:
+            raise ValueError("give max_messages or max_bytes, not both (ADR-37)")
+        if self.expires < 1:
+            raise ValueError(f"expires must be at least 1 second, not {self.expires}")
+        hb = self.heartbeat
+        if hb > self.expires / 2:
+            raise ValueError(f"idle_heartbeat ({hb}s) must be at most half of expires")
+        if self.heartbeat_alarm_factor < 1:
+            raise ValueError("heartbeat_alarm_factor must be at least 1")
+        if self.threshold_messages is not None:
+            if self.max_bytes is not None:
+                raise ValueError("threshold_messages goes with max_messages, not max_bytes")
+            if not 0 <= self.threshold_messages <= self.buffer_messages:
+                raise ValueError("threshold_messages must be between 0 and max_messages")
+        if self.threshold_bytes is not None:
+            if self.max_bytes is None:
+                raise ValueError("threshold_bytes needs max_bytes")
+            if not 0 <= self.threshold_bytes <= self.max_bytes:
+                raise ValueError("threshold_bytes must be between 0 and max_bytes")
+
+    @property
+    def bytes_mode(self) -> bool:
+        return self.max_bytes is not None
+
+    @property
+    def buffer_messages(self) -> int:
+        return self.max_messages if self.max_messages is not None else DEFAULT_MAX_MESSAGES
+
+    @property
+    def heartbeat(self) -> float:
+        """idle_heartbeat, by default half of expires within [0.5 s, 30 s] (ADR-37)."""
+        if self.idle_heartbeat is not None:
+            return self.idle_heartbeat
+        return min(max(self.expires / 2, 0.5), 30.0)
+
+    @property
+    def threshold(self) -> int:
+        """Pending count (messages, or bytes in bytes mode) at or below which to pull."""
+        if self.max_bytes is not None:
+            return self.threshold_bytes if self.threshold_bytes is not None else self.max_bytes // 2
+        if self.threshold_messages is not None:
+            return self.threshold_messages
+        return self.buffer_messages // 2
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class HeartbeatsMissed:
+    """No message, status or heartbeat for ``silence`` seconds while requests were
+    outstanding. The consume resets its counts and pulls again."""
+
+    consumer: str
+    silence: float
+
+
+@attrs.frozen(slots=True)
+class PullWarning:
+    """A pull request ended with a warning status (e.g. 409 Exceeded MaxWaiting) or got no
+    responder (503; the pull is retried)."""
+
+    consumer: str
+    status: int
+    description: str
+
+
+ConsumeEvent = HeartbeatsMissed | PullWarning
+
+
+@attrs.frozen(slots=True)
+class _Retry:
+    pass
+
+
+_Control = Disconnected | Reconnected | _Retry
+
+
+def _size(msg: Msg) -> int:
+    raw = msg.raw_headers
+    return (
+        len(msg.subject)
+        + len(msg.reply or "")
+        + (len(raw) if raw is not None else 0)
+        + len(msg.data)
+    )
+
+
+class ConsumeBuffer(Actor[_Control]):
+    """The consume buffer actor of one :meth:`PullConsumer.consume` call (see module docs)."""
+
+    def __init__(self, consumer: PullConsumer, options: ConsumeOptions) -> None:
+        super().__init__(f"consume-buffer:{consumer.stream}/{consumer.name}", inbox_size=256)
+        self.consumer = consumer
+        self.options = options
+        self._nc = consumer.js.nc
+        self._next_subject = consumer.js.api_subject(
+            f"CONSUMER.MSG.NEXT.{consumer.stream}.{consumer.name}"
+        )
+        self._ack_none = consumer.ack_none
+        self.inbox_subject = self._nc.new_inbox()
+        self._buf: deque[Msg] = deque()
+        self._buffered_bytes = 0
+        #: Messages (or bytes) requested and not yet taken by the user.
+        self.pending_msgs = 0
+        self.pending_bytes = 0
+        self._getters = trio.lowlevel.ParkingLot()
+        self._error: BaseException | None = None
+        self._ended = False  # no more messages will be added
+        self._pulling = True  # False while disconnected, draining or stopped
+        self._last_activity = 0.0
+        self._retry_at: float | None = None  # after a 503: no request before this time
+        self._hub: EventHub[ConsumeEvent] = EventHub()
+        self._sub: Any = None
+        self.requests_sent = 0
+
+    # -- the user's side ----------------------------------------------------------------------
+
+    def events(self, buffer: int = 256) -> EventWatcher[ConsumeEvent]:
+        """Watch heartbeat alarms and pull warnings."""
+        return self._hub.watch(buffer)
+
+    @property
+    def buffered(self) -> int:
+        """Messages received and not yet taken."""
+        return len(self._buf)
+
+    def __aiter__(self) -> ConsumeBuffer:
+        return self
+
+    async def __anext__(self) -> JsMsg:
+        try:
+            batch = await self._take(1)
+        except SubscriptionClosedError:
+            raise StopAsyncIteration from None
+        return batch[0]
+
+    async def next_batch(self, max_msgs: int | None = None) -> list[JsMsg]:
+        """Every buffered message (up to ``max_msgs``), waiting for at least one.
+
+        Raises the error that ended the consume, or :class:`SubscriptionClosedError` once it
+        was stopped or drained and nothing is left.
+        """
+        return await self._take(max_msgs)
+
+    async def _take(self, max_msgs: int | None) -> list[JsMsg]:
+        buf = self._buf
+        while not buf:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                raise SubscriptionClosedError(f"{self.name} has ended")
+            await self._getters.park()
+        if max_msgs is None or max_msgs >= len(buf):
+            taken = list(buf)
+            buf.clear()
+        else:
+            taken = [buf.popleft() for _ in range(max_msgs)]
+        if self.options.bytes_mode:
+            size = sum(map(_size, taken))
+            self._buffered_bytes -= size
+            self.pending_bytes -= size
+        else:
+            self.pending_msgs -= len(taken)
+        self._pull()
+        nc, ack_none = self._nc, self._ack_none
+        return [JsMsg(m, nc, ack_none=ack_none) for m in taken]
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _pull(self) -> None:
+        """Publish a pull request for what is missing, if the threshold has been reached."""
+        if not self._pulling or self._ended:
+            return
+        if self._retry_at is not None:
+            if trio.current_time() < self._retry_at:
+                return
+            self._retry_at = None
+        opts = self.options
+        if opts.bytes_mode:
+            assert opts.max_bytes is not None
+            if self.pending_bytes > opts.threshold:
+                return
+            want = opts.max_bytes - self.pending_bytes
+            if want <= 0:
+                return
+            request = PullRequest(
+                batch=BYTES_MODE_BATCH,
+                max_bytes=want,
+                expires=opts.expires,
+                idle_heartbeat=opts.heartbeat,
+            )
+            self.pending_bytes += want
+        else:
+            if self.pending_msgs > opts.threshold:
+                return
+            want = opts.buffer_messages - self.pending_msgs
+            if want <= 0:
+                return
+            request = PullRequest(batch=want, expires=opts.expires, idle_heartbeat=opts.heartbeat)
+            self.pending_msgs += want
+        if not self._outstanding():
+            # Nothing was owed before this request: the heartbeat clock starts now.
+            self._last_activity = trio.current_time()
+        self._nc.publish_nowait(self._next_subject, request.encode(), self.inbox_subject)
+        self.requests_sent += 1
+
+    def _outstanding(self) -> bool:
+        """Whether the server still owes us messages (the heartbeat timer runs only then)."""
+        if self.options.bytes_mode:
+            return self.pending_bytes > self._buffered_bytes
+        return self.pending_msgs > len(self._buf)
+
+    def _reset_pending(self) -> None:
+        """Forget outstanding requests: count only what is buffered (ADR-37 on reconnect)."""
+        self.pending_msgs = len(self._buf)
+        self.pending_bytes = self._buffered_bytes
+
+    # -- the reader's side (runs in the connection's reader task: must not block) -------------
+
+    def _on_batch(self, batch: list[Msg]) -> None:
+        self._last_activity = trio.current_time()
+        buf = self._buf
+        bytes_mode = self.options.bytes_mode
+        added = False
+        for msg in batch:
+            if msg.reply is not None:
+                buf.append(msg)
+                if bytes_mode:
+                    self._buffered_bytes += _size(msg)
+                added = True
+            else:
+                self._on_status(msg)
+        if added:
+            self._getters.unpark_all()
+
+    def _on_status(self, msg: Msg) -> None:
+        status = msg.status
+        if status is None:
+            return  # neither a JetStream message nor a status: not ours to judge, drop it
+        description = msg.description
+        kind = classify(status, description)
+        if kind is StatusKind.HEARTBEAT:
+            return
+        gone_msgs, gone_bytes = pending_counts(msg)
+        self.pending_msgs = max(self.pending_msgs - gone_msgs, len(self._buf))
+        self.pending_bytes = max(self.pending_bytes - gone_bytes, self._buffered_bytes)
+        if kind is StatusKind.ERROR:
+            self._fail(status_error(status, description))
+            return
+        if kind is StatusKind.WARNING:
+            self._hub.emit(PullWarning(self.consumer.name, status, description))
+        elif kind is StatusKind.NO_RESPONDERS:
+            self._hub.emit(PullWarning(self.consumer.name, status, description or "No Responders"))
+            self._reset_pending()
+            self._retry_at = trio.current_time() + NO_RESPONDERS_RETRY
+            self.tell(_Retry())  # wake the control loop, which pulls at _retry_at
+            return
+        self._pull()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._end()
+
+    def _end(self) -> None:
+        self._pulling = False
+        self._ended = True
+        self._getters.unpark_all()
+        self._hub.close()
+
+    # -- the actor's task ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        nc = self._nc
+        self._sub = nc.subscribe_nowait(self.inbox_subject, handler=self._on_batch)
+        try:
+            with nc.events() as connection_events:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._forward, connection_events)
+                    if nc.is_connected:
+                        self._pull()
+                    else:
+                        self._pulling = False
+                    await self._control_loop()
+                    nursery.cancel_scope.cancel()
+        finally:
+            if not self._sub.is_closed and not nc.is_closed:
+                await self._sub.unsubscribe()
+
+    async def _forward(self, connection_events: EventWatcher[Any]) -> None:
+        async for event in connection_events:
+            if isinstance(event, Disconnected | Reconnected):
+                await self.send(event)
+
+    async def _control_loop(self) -> None:
+        inbox = self.inbox
+        hb = self.options.heartbeat
+        alarm_after = hb * self.options.heartbeat_alarm_factor
+        while not self._ended:
+            # Wake at least every heartbeat interval: requests sent from the user's task change
+            # what is outstanding without telling this loop.
+            deadline = trio.current_time() + hb
+            if self._pulling and self._outstanding():
+                deadline = min(deadline, self._last_activity + alarm_after)
+            if self._retry_at is not None:
+                deadline = min(deadline, self._retry_at)
+            with trio.move_on_at(deadline):
+                self._on_control(await inbox.receive())
+                continue
+            now = trio.current_time()
+            if self._retry_at is not None and now >= self._retry_at:
+                self._pull()
+            elif self._pulling and self._outstanding() and now - self._last_activity >= alarm_after:
+                self._hub.emit(HeartbeatsMissed(self.consumer.name, now - self._last_activity))
+                self._reset_pending()
+                self._pull()
+
+    def _on_control(self, message: _Control) -> None:
+        if isinstance(message, Disconnected):
+            self._pulling = False  # heartbeat timer paused, no requests
+        elif isinstance(message, Reconnected) and self.state is not ActorState.DRAINING:
+            self._pulling = True
+            self._reset_pending()
+            self._last_activity = trio.current_time()
+            self._pull()
+        # _Retry only wakes the loop, which recomputes its deadline.
+
+    # -- stopping -----------------------------------------------------------------------------
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop requesting; let what the server already sent arrive; iteration then ends once
+        the buffered messages have been read (ADR-37 drain)."""
+        self.state = ActorState.DRAINING
+        self._pulling = False
+        sub = self._sub
+        if sub is not None and not sub.is_closed:
+            await sub.drain(timeout)
+        self._end()
+
+    def close(self) -> None:
+        """Stop at once: no more requests or messages; buffered messages can still be read."""
+        self._pulling = False
+        self._end()
+        self.stop()

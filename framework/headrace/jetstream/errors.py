@@ -1,0 +1,170 @@
+"""JetStream errors: API errors keeping the server's codes, and the client-side rule errors.
+
+An API error carries ``code`` (HTTP-like), ``err_code`` (the server's stable identifier, see
+nats-server's errors.json) and ``description``. The common ones have their own class, so
+``except ConsumerNotFound`` works without comparing numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from headrace.errors import HeadraceError
+
+
+class JetStreamError(HeadraceError):
+    """Base of every JetStream error."""
+
+
+class JetStreamAPIError(JetStreamError):
+    """The JetStream API answered with an error."""
+
+    #: err_codes this class stands for (used by :func:`api_error` to pick the class).
+    err_codes: tuple[int, ...] = ()
+
+    def __init__(self, code: int, err_code: int, description: str) -> None:
+        super().__init__(f"{description} (code {code}, err_code {err_code})")
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+
+class BadRequest(JetStreamAPIError):
+    err_codes = (10003,)
+
+
+class JetStreamNotEnabled(JetStreamAPIError):
+    err_codes = (10076, 10039)
+
+
+class StreamNotFound(JetStreamAPIError):
+    err_codes = (10059,)
+
+
+class StreamAlreadyExists(JetStreamAPIError):
+    """A stream of that name exists with a different configuration."""
+
+    err_codes = (10058,)
+
+
+class StreamSubjectsOverlap(JetStreamAPIError):
+    err_codes = (10065,)
+
+
+class ConsumerNotFound(JetStreamAPIError):
+    err_codes = (10014,)
+
+
+class ConsumerDoesNotExist(ConsumerNotFound):
+    """An update (action ``update``) named a consumer that does not exist."""
+
+    err_codes = (10149,)
+
+
+class ConsumerAlreadyExists(JetStreamAPIError):
+    """A create (action ``create``) named a consumer that exists with another configuration."""
+
+    err_codes = (10148, 10013, 10105)
+
+
+class MessageNotFound(JetStreamAPIError):
+    err_codes = (10037,)
+
+
+class WrongLastSequence(JetStreamAPIError):
+    """An expected-last-sequence (or subject sequence) header did not match the stream."""
+
+    err_codes = (10071,)
+
+
+class WrongLastMsgId(JetStreamAPIError):
+    err_codes = (10070,)
+
+
+_BY_CODE: dict[int, type[JetStreamAPIError]] = {
+    code: cls
+    for cls in (
+        BadRequest,
+        JetStreamNotEnabled,
+        StreamNotFound,
+        StreamAlreadyExists,
+        StreamSubjectsOverlap,
+        ConsumerNotFound,
+        ConsumerDoesNotExist,
+        ConsumerAlreadyExists,
+        MessageNotFound,
+        WrongLastSequence,
+        WrongLastMsgId,
+    )
+    for code in cls.err_codes
+}
+
+
+def api_error(error: Any) -> JetStreamAPIError:
+    """The typed exception for the ``error`` object of an API response."""
+    if not isinstance(error, dict):
+        return JetStreamAPIError(0, 0, f"malformed API error: {error!r}")
+    code = error.get("code", 0)
+    err_code = error.get("err_code", 0)
+    description = str(error.get("description", "unknown error"))
+    cls = _BY_CODE.get(err_code, JetStreamAPIError) if isinstance(err_code, int) else None
+    return (cls or JetStreamAPIError)(
+        code if isinstance(code, int) else 0,
+        err_code if isinstance(err_code, int) else 0,
+        description,
+    )
+
+
+class JetStreamUnavailable(JetStreamError):
+    """Nothing answered on the JetStream API: JetStream is off for this account or server, the
+    domain or API prefix is wrong, or the cluster has no quorum right now."""
+
+
+class NoStreamForSubject(JetStreamError):
+    """A JetStream publish reached no stream: no stream captures that subject."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(
+            f"no stream captures subject {subject!r}; create a stream with that subject, or "
+            "publish to a subject a stream listens on"
+        )
+        self.subject = subject
+
+
+class InvalidAckReply(JetStreamError, ValueError):
+    """A reply subject that is not a valid ``$JS.ACK`` subject (ADR-15)."""
+
+
+class NotAJetStreamMessage(JetStreamError):
+    """Acking a message that did not come from a JetStream consumer (no ``$JS.ACK`` reply)."""
+
+
+class SubscribeError(JetStreamError, ValueError):
+    """A subscription request that breaks a rule of ADR-15's subscribe workflow; the message
+    says which and what to do instead."""
+
+
+class StreamLookupError(SubscribeError):
+    """No stream, or more than one, captures the subscription's subject."""
+
+
+class ConsumerConfigMismatch(SubscribeError):
+    """An existing consumer does not match what the subscription asks for (type, deliver
+    group, filter subject, or configuration drift)."""
+
+
+class PullStatusError(JetStreamError):
+    """A pull request ended with a status that is an error (ADR-37 status handling)."""
+
+    def __init__(self, status: int, description: str, message: str | None = None) -> None:
+        super().__init__(message or f"pull request failed: {status} {description}")
+        self.status = status
+        self.description = description
+
+
+class ConsumerDeleted(PullStatusError):
+    """409 Consumer Deleted: the consumer went away while we were pulling from it."""
+
+
+class ConsumerIsPushBased(PullStatusError):
+    """409 Consumer is push based: pull requests were sent to a push consumer."""

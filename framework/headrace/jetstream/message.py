@@ -1,0 +1,153 @@
+"""JetStream messages and their acknowledgements (ADR-15 "Ack Handling").
+
+An ack is a publish to the message's ``$JS.ACK`` reply subject with the ack type as payload:
+``+ACK``, ``-NAK`` (optionally ``{"delay": ns}``), ``+TERM`` (optionally a reason) are terminal;
+``+WPI`` (work in progress) is not. Rules:
+
+- once a terminal ack was published, every later ack call is ignored;
+- with ack policy ``none``, every ack call is ignored;
+- an error is raised only when publishing the ack fails (a closed connection, say).
+
+Acks go out through the connection's write buffer without a checkpoint per message
+(``publish_nowait``), so acking a batch costs one socket write, not one per message.
+``ack_sync`` (the "double ack") waits for the server to confirm it recorded the ack.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import trio
+from headrace.jetstream.ack_reply import AckMetadata, parse_ack_reply
+from headrace.jetstream.errors import NotAJetStreamMessage
+from headrace.protocol.events import Msg
+from headrace.protocol.headers import Headers
+
+if TYPE_CHECKING:
+    from headrace.nats.connection import Connection
+
+ACK = b"+ACK"
+NAK = b"-NAK"
+TERM = b"+TERM"
+WPI = b"+WPI"
+
+
+class JsMsg:
+    """A message delivered by a JetStream consumer, with its acknowledgement methods."""
+
+    __slots__ = ("_ack_none", "_acked", "_conn", "_meta", "msg")
+
+    def __init__(self, msg: Msg, conn: Connection, *, ack_none: bool = False) -> None:
+        self.msg = msg
+        self._conn = conn
+        self._ack_none = ack_none
+        self._acked = False
+        self._meta: AckMetadata | None = None
+
+    def __repr__(self) -> str:
+        return f"JsMsg(subject={self.msg.subject!r}, reply={self.msg.reply!r})"
+
+    # -- the message --------------------------------------------------------------------------
+
+    @property
+    def subject(self) -> str:
+        return self.msg.subject
+
+    @property
+    def data(self) -> bytes:
+        return self.msg.data
+
+    @property
+    def headers(self) -> Headers | None:
+        return self.msg.headers
+
+    @property
+    def reply(self) -> str | None:
+        return self.msg.reply
+
+    @property
+    def size(self) -> int:
+        """Bytes as the server counts them for ``max_bytes`` (ADR-37): subject, reply,
+        headers and payload."""
+        msg = self.msg
+        raw = msg.raw_headers
+        return (
+            len(msg.subject)
+            + len(msg.reply or "")
+            + (len(raw) if raw is not None else 0)
+            + len(msg.data)
+        )
+
+    @property
+    def metadata(self) -> AckMetadata:
+        """Stream, consumer, sequences, delivery count (parsed on first access)."""
+        meta = self._meta
+        if meta is None:
+            if self.msg.reply is None:
+                raise NotAJetStreamMessage(f"{self!r} has no $JS.ACK reply subject")
+            meta = self._meta = parse_ack_reply(self.msg.reply)
+        return meta
+
+    @property
+    def is_acked(self) -> bool:
+        """Whether a terminal ack was published for this message."""
+        return self._acked
+
+    # -- acknowledging ------------------------------------------------------------------------
+
+    def _publish(self, payload: bytes, terminal: bool) -> bool:
+        if self._ack_none or self._acked:
+            return False
+        reply = self.msg.reply
+        if reply is None:
+            raise NotAJetStreamMessage(f"{self!r} cannot be acknowledged: it has no reply")
+        self._conn.publish_nowait(reply, payload)  # raises if it cannot be queued
+        if terminal:
+            self._acked = True
+        return True
+
+    def ack_nowait(self) -> bool:
+        """Queue ``+ACK`` now; ``False`` when ignored (already acked, or ack policy none)."""
+        return self._publish(ACK, True)
+
+    async def ack(self) -> None:
+        """Acknowledge: processed, do not redeliver."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._publish(ACK, True)
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Negative acknowledgement: redeliver, after ``delay`` seconds if given."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        payload = NAK
+        if delay is not None:
+            if delay < 0:
+                raise ValueError(f"nak delay must not be negative, not {delay}")
+            payload = NAK + b" " + json.dumps({"delay": round(delay * 1e9)}).encode()
+        self._publish(payload, True)
+
+    async def term(self, reason: str | None = None) -> None:
+        """Terminate: never redeliver this message (the server emits an advisory)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        payload = TERM if not reason else TERM + b" " + reason.encode()
+        self._publish(payload, True)
+
+    async def in_progress(self) -> None:
+        """Work in progress: restart the ack wait timer (not terminal, may repeat)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._publish(WPI, False)
+
+    async def ack_sync(self, timeout: float | None = None) -> None:
+        """Acknowledge and wait until the server confirms it recorded the ack.
+
+        Raises :class:`~headrace.errors.RequestTimeout` when no confirmation comes in time;
+        the message then counts as not acked, and may be acked again.
+        """
+        if self._ack_none or self._acked:
+            await trio.lowlevel.checkpoint()
+            return
+        reply = self.msg.reply
+        if reply is None:
+            raise NotAJetStreamMessage(f"{self!r} cannot be acknowledged: it has no reply")
+        await self._conn.request(reply, ACK, timeout=timeout)
+        self._acked = True

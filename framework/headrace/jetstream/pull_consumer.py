@@ -1,0 +1,198 @@
+"""A pull consumer handle (ADR-37 "Consumers"): fetch, next, consume, info, delete.
+
+``fetch`` and ``next`` are one pull request each, on an inbox of their own (pull responses keep
+the stream's subject, so they cannot share the request multiplexer's inbox, ADR-13), with a
+client-side time limit a little longer than the server-side ``expires`` (ADR-37).
+``consume`` is the consume buffer actor (:mod:`headrace.jetstream.consume`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+from headrace.actors.nursery import open_actor_nursery
+from headrace.errors import NoRespondersError
+from headrace.jetstream.consume import ConsumeBuffer, ConsumeOptions
+from headrace.jetstream.consumer_config import AckPolicy, ConsumerInfo
+from headrace.jetstream.message import JsMsg
+from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
+from headrace.jetstream.pull_status import StatusKind, classify, status_error
+from headrace.protocol.events import Msg
+
+if TYPE_CHECKING:
+    from headrace.jetstream.context import JetStream
+
+#: Extra time the client waits beyond a request's ``expires`` for the server's 408.
+CLIENT_MARGIN = 1.0
+DEFAULT_FETCH_EXPIRES = 30.0
+
+
+def _size(msg: Msg) -> int:
+    raw = msg.raw_headers
+    return (
+        len(msg.subject)
+        + len(msg.reply or "")
+        + (len(raw) if raw is not None else 0)
+        + len(msg.data)
+    )
+
+
+class PullConsumer:
+    """A pull consumer on ``stream`` named ``name``; ``info`` is the last known ConsumerInfo."""
+
+    def __init__(self, js: JetStream, stream: str, name: str, info: ConsumerInfo) -> None:
+        if info.config.is_push:
+            from headrace.jetstream.errors import ConsumerConfigMismatch
+
+            raise ConsumerConfigMismatch(
+                f"consumer {name!r} on stream {stream!r} is push based (deliver subject "
+                f"{info.config.deliver_subject!r}); subscribe to it instead of pulling"
+            )
+        self.js = js
+        self.stream = stream
+        self.name = name
+        self.cached_info = info
+
+    def __repr__(self) -> str:
+        return f"<PullConsumer {self.stream}/{self.name}>"
+
+    @property
+    def ack_none(self) -> bool:
+        return self.cached_info.config.ack_policy is AckPolicy.NONE
+
+    async def info(self) -> ConsumerInfo:
+        self.cached_info = await self.js.consumer_info(self.stream, self.name)
+        return self.cached_info
+
+    async def delete(self) -> None:
+        await self.js.delete_consumer(self.stream, self.name)
+
+    # -- fetch and next -----------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        max_messages: int | None = None,
+        *,
+        max_bytes: int | None = None,
+        expires: float = DEFAULT_FETCH_EXPIRES,
+        no_wait: bool = False,
+        idle_heartbeat: float | None = None,
+    ) -> list[JsMsg]:
+        """One pull request: up to ``max_messages`` messages (or ``max_bytes`` bytes).
+
+        Returns when the batch is full or the request ends (the server's 404/408, or
+        ``expires`` plus a margin on the client). With ``no_wait`` the server answers at once.
+        Heartbeats are on by default for ``expires`` over 30 s (ADR-37); two missed end the
+        fetch. Terminal statuses raise (:class:`ConsumerDeleted`, ...) unless messages came
+        first, which are then returned; a 503 raises :class:`NoRespondersError`.
+        """
+        if max_messages is None and max_bytes is None:
+            max_messages = 1
+        if max_messages is not None and max_bytes is not None:
+            raise ValueError("give max_messages or max_bytes, not both")
+        if idle_heartbeat is None and expires > 30 and not no_wait:
+            idle_heartbeat = min(max(expires / 2, 0.5), 30.0)
+        request = PullRequest(
+            batch=max_messages if max_messages is not None else BYTES_MODE_BATCH,
+            max_bytes=max_bytes,
+            expires=None if no_wait else expires,
+            no_wait=no_wait,
+            idle_heartbeat=idle_heartbeat,
+        )
+        nc = self.js.nc
+        inbox = nc.new_inbox()
+        got: list[Msg] = []
+        state: dict[str, Any] = {"bytes": 0, "error": None, "last": trio.current_time()}
+        done = trio.Event()
+
+        def on_batch(batch: list[Msg]) -> None:
+            state["last"] = trio.current_time()
+            for msg in batch:
+                if done.is_set():
+                    return
+                if msg.reply is not None:
+                    got.append(msg)
+                    if max_bytes is not None:
+                        state["bytes"] += _size(msg)
+                        if state["bytes"] >= max_bytes:
+                            done.set()
+                    elif len(got) >= request.batch:
+                        done.set()
+                    continue
+                status = msg.status
+                if status is None:
+                    continue
+                kind = classify(status, msg.description)
+                if kind is StatusKind.HEARTBEAT:
+                    continue
+                if kind is StatusKind.ERROR:
+                    state["error"] = status_error(status, msg.description)
+                elif kind is StatusKind.NO_RESPONDERS:
+                    state["error"] = NoRespondersError(self._next_subject)
+                done.set()
+
+        sub = nc.subscribe_nowait(inbox, handler=on_batch)
+        try:
+            await nc.publish(self._next_subject, request.encode(), reply=inbox)
+            limit = (0 if no_wait else expires) + CLIENT_MARGIN
+            with trio.move_on_after(limit):
+                if idle_heartbeat is None:
+                    await done.wait()
+                else:
+                    await self._wait_with_heartbeats(done, state, idle_heartbeat)
+        finally:
+            if not nc.is_closed:
+                await sub.unsubscribe()
+        error = state["error"]
+        if error is not None and not got:
+            raise error
+        ack_none = self.ack_none
+        return [JsMsg(m, nc, ack_none=ack_none) for m in got]
+
+    async def _wait_with_heartbeats(
+        self, done: trio.Event, state: dict[str, Any], idle_heartbeat: float
+    ) -> None:
+        alarm = 2 * idle_heartbeat
+        while not done.is_set():
+            with trio.move_on_at(state["last"] + alarm):
+                await done.wait()
+            if not done.is_set() and trio.current_time() - state["last"] >= alarm:
+                return  # two heartbeats missed: the request is lost, conclude the fetch
+
+    async def next(self, *, expires: float = DEFAULT_FETCH_EXPIRES) -> JsMsg | None:
+        """One message, or ``None`` when none arrived before the request expired."""
+        batch = await self.fetch(1, expires=expires)
+        return batch[0] if batch else None
+
+    @property
+    def _next_subject(self) -> str:
+        return self.js.api_subject(f"CONSUMER.MSG.NEXT.{self.stream}.{self.name}")
+
+    # -- consume ------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def consume(
+        self, options: ConsumeOptions | None = None, **kwargs: Any
+    ) -> AsyncIterator[ConsumeBuffer]:
+        """Consume continuously through a buffer refilled by pull requests (ADR-37).
+
+        ``async with consumer.consume(max_messages=500) as messages:`` then ``async for msg in
+        messages`` or ``await messages.next_batch()``. Keyword arguments are
+        :class:`ConsumeOptions` fields. Leaving the block stops the buffer actor; call
+        ``await messages.drain()`` first to read what was already sent.
+        """
+        opts = options if options is not None else ConsumeOptions(**kwargs)
+        if options is not None and kwargs:
+            raise TypeError("give options=ConsumeOptions(...) or keyword options, not both")
+        buffer = ConsumeBuffer(self, opts)
+        async with open_actor_nursery() as nursery:
+            await buffer.start(nursery)
+            try:
+                yield buffer
+            finally:
+                buffer.close()
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await buffer.wait_stopped()

@@ -1,0 +1,56 @@
+"""The body of a pull request, ``$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`` (ADR-13).
+
+``batch`` messages at most, ``max_bytes`` bytes at most, the server gives up after ``expires``
+seconds (sending 408), answers at once (404 when empty) with ``no_wait``, and sends a
+heartbeat (100) after ``idle_heartbeat`` seconds without messages.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+from headrace.jetstream.codec import seconds_to_ns
+
+#: Bytes mode asks for this many messages, so only max_bytes limits the batch (ADR-37).
+BYTES_MODE_BATCH = 1_000_000
+
+
+def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"{attr.name} must be positive, not {value!r}")
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class PullRequest:
+    batch: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    max_bytes: int | None = attrs.field(default=None, validator=_positive_or_none)
+    expires: float | None = attrs.field(default=None, validator=_positive_or_none)
+    no_wait: bool = False
+    idle_heartbeat: float | None = attrs.field(default=None, validator=_positive_or_none)
+
+    def __attrs_post_init__(self) -> None:
+        if self.idle_heartbeat is not None:
+            if self.expires is None:
+                raise ValueError("idle_heartbeat needs expires")
+            if self.idle_heartbeat > self.expires / 2:
+                raise ValueError(
+                    f"idle_heartbeat ({self.idle_heartbeat}s) must be at most half of expires "
+                    f"({self.expires}s), or the request ends before a heartbeat can be missed"
+                )
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"batch": self.batch}
+        if self.max_bytes is not None:
+            body["max_bytes"] = self.max_bytes
+        if self.expires is not None:
+            body["expires"] = seconds_to_ns(self.expires)
+        if self.no_wait:
+            body["no_wait"] = True
+        if self.idle_heartbeat is not None:
+            body["idle_heartbeat"] = seconds_to_ns(self.idle_heartbeat)
+        return body
+
+    def encode(self) -> bytes:
+        return json.dumps(self.to_json(), separators=(",", ":")).encode()
