@@ -6,13 +6,7 @@ with ack methods (ADR-15).
 """
 
 from headrace.jetstream.ack_reply import AckMetadata, parse_ack_reply
-from headrace.jetstream.consume import (
-    ConsumeBuffer,
-    ConsumeEvent,
-    ConsumeOptions,
-    HeartbeatsMissed,
-    PullWarning,
-)
+from headrace.jetstream.consume import ConsumeBuffer, ConsumeEvent, ConsumeOptions
 from headrace.jetstream.consumer_config import (
     AckPolicy,
     ConsumerConfig,
@@ -47,6 +41,15 @@ from headrace.jetstream.errors import (
     WrongLastMsgId,
     WrongLastSequence,
 )
+from headrace.jetstream.events import (
+    ConsumerDeleteFailed,
+    ConsumerRecreated,
+    FlowControlAnswered,
+    GapDetected,
+    HeartbeatsMissed,
+    JetStreamEvent,
+    PullWarning,
+)
 from headrace.jetstream.message import JsMsg
 from headrace.jetstream.pull_consumer import PullConsumer
 from headrace.jetstream.pull_request import PullRequest
@@ -74,18 +77,23 @@ __all__ = [
     "ConsumerAlreadyExists",
     "ConsumerConfig",
     "ConsumerConfigMismatch",
+    "ConsumerDeleteFailed",
     "ConsumerDeleted",
     "ConsumerDoesNotExist",
     "ConsumerInfo",
     "ConsumerIsPushBased",
     "ConsumerNotFound",
+    "ConsumerRecreated",
     "DeliverPolicy",
     "DiscardPolicy",
+    "FlowControlAnswered",
+    "GapDetected",
     "HeartbeatsMissed",
     "InvalidAckReply",
     "JetStream",
     "JetStreamAPIError",
     "JetStreamError",
+    "JetStreamEvent",
     "JetStreamNotEnabled",
     "JetStreamUnavailable",
     "JsMsg",

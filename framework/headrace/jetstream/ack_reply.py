@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 
 import attrs
+
 from headrace.jetstream.errors import InvalidAckReply
 
 

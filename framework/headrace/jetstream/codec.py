@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
+
 from headrace.errors import HeadraceError
 
 T = TypeVar("T")

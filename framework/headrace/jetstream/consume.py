@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
+
 from headrace.actors.actor import Actor, ActorState
 from headrace.errors import SubscriptionClosedError
+from headrace.jetstream.events import HeartbeatsMissed, PullWarning
 from headrace.jetstream.message import JsMsg
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, pending_counts, status_error
@@ -115,28 +117,6 @@ class ConsumeOptions:
         if self.threshold_messages is not None:
             return self.threshold_messages
         return self.buffer_messages // 2
-
-
-# -- events -----------------------------------------------------------------------------------
-
-
-@attrs.frozen(slots=True)
-class HeartbeatsMissed:
-    """No message, status or heartbeat for ``silence`` seconds while requests were
-    outstanding. The consume resets its counts and pulls again."""
-
-    consumer: str
-    silence: float
-
-
-@attrs.frozen(slots=True)
-class PullWarning:
-    """A pull request ended with a warning status (e.g. 409 Exceeded MaxWaiting) or got no
-    responder (503; the pull is retried)."""
-
-    consumer: str
-    status: int
-    description: str
 
 
 ConsumeEvent = HeartbeatsMissed | PullWarning
@@ -237,8 +217,10 @@ class ConsumeBuffer(Actor[_Control]):
         else:
             self.pending_msgs -= len(taken)
         self._pull()
-        nc, ack_none = self._nc, self._ack_none
-        return [JsMsg(m, nc, ack_none=ack_none) for m in taken]
+        nc, ack_none, tracker = self._nc, self._ack_none, self.consumer.tracker
+        if tracker is not None and not ack_none:
+            tracker.delivered(len(taken))
+        return [JsMsg(m, nc, ack_none=ack_none, tracker=tracker) for m in taken]
 
     # -- requests -----------------------------------------------------------------------------
 

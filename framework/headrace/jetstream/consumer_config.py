@@ -13,6 +13,7 @@ import enum
 from typing import Any
 
 import attrs
+
 from headrace.jetstream.codec import DURATION, DURATIONS, TIME, jfield
 from headrace.jetstream.stream_config import ClusterInfo
 

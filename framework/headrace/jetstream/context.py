@@ -8,21 +8,28 @@ an ``error`` object (raised as the typed :mod:`headrace.jetstream.errors`). The 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from headrace.errors import NoRespondersError
 from headrace.jetstream.codec import DecodeError, from_json, parse_time, to_json
 from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo
 from headrace.jetstream.errors import (
+    JetStreamError,
     JetStreamUnavailable,
     MessageNotFound,
     NoStreamForSubject,
     StreamLookupError,
+    SubscribeError,
     api_error,
 )
+from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.stored_message import StoredMessage
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
@@ -32,6 +39,8 @@ from headrace.protocol.headers import Headers
 
 if TYPE_CHECKING:
     from headrace.jetstream.pull_consumer import PullConsumer
+    from headrace.jetstream.pull_subscription import PullSubscription
+    from headrace.jetstream.push import PushSubscription
 
 DEFAULT_API_PREFIX = "$JS.API"
 
@@ -208,6 +217,122 @@ class JetStream:
         from headrace.jetstream.pull_consumer import PullConsumer
 
         return PullConsumer(self, stream, name, await self.consumer_info(stream, name))
+
+    # -- subscriptions (ADR-15 workflow) ------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+        subject: str | None = None,
+        *,
+        stream: str | None = None,
+        durable: str | None = None,
+        bind: str | None = None,
+        queue: str | None = None,
+        config: ConsumerConfig | None = None,
+        ordered: bool = False,
+        delete_policy: DeletePolicy = DeletePolicy.AUTO,
+        heartbeat_factor: float = 3.0,
+        max_pending_msgs: int = 64 * 1024,
+        max_pending_bytes: int = 64 * 1024 * 1024,
+    ) -> AsyncIterator[PushSubscription]:
+        """Subscribe to a push consumer, created or bound by ADR-15's workflow.
+
+        ``durable`` names a durable to create or reuse; ``bind`` names an existing consumer
+        that must exist; ``queue`` joins a queue group (its name is the durable if none is
+        given). ``ordered=True`` makes an ordered consumer (ADR-17). The subscription's actors
+        run until the block ends, which unsubscribes (see :class:`DeletePolicy`).
+        """
+        from headrace.actors.nursery import open_actor_nursery
+        from headrace.jetstream.ordered import OrderedSubscription
+        from headrace.jetstream.push import PushSubscription as Push
+        from headrace.jetstream.subscribe import bind_push
+
+        cfg = config or ConsumerConfig()
+        sub: Push
+        if ordered:
+            if durable or bind or queue:
+                raise SubscribeError(
+                    "an ordered consumer is ephemeral and private: no durable, bind or queue"
+                )
+            sub = await OrderedSubscription.create(
+                self, subject, stream=stream, config=cfg, heartbeat_factor=heartbeat_factor
+            )
+        else:
+            bound = await bind_push(
+                self,
+                subject,
+                stream=stream,
+                durable=durable,
+                bind=bind,
+                queue=queue,
+                config=cfg,
+            )
+            sub = Push(
+                self,
+                bound.stream,
+                bound.info,
+                queue=queue,
+                created=bound.created,
+                delete_policy=delete_policy,
+                heartbeat_factor=heartbeat_factor,
+                max_pending_msgs=max_pending_msgs,
+                max_pending_bytes=max_pending_bytes,
+            )
+            assert bound.sub is not None and bound.inlet is not None
+            sub._attach(bound.sub, bound.inlet)
+        async with open_actor_nursery() as nursery:
+            await sub._start(nursery)
+            try:
+                yield sub
+            except BaseException:
+                with trio.CancelScope(shield=True), contextlib.suppress(JetStreamError):
+                    await sub.unsubscribe()
+                raise
+            else:
+                with trio.CancelScope(shield=True):
+                    await sub.unsubscribe()
+            finally:
+                sub._close()
+
+    @asynccontextmanager
+    async def pull_subscribe(
+        self,
+        subject: str | None = None,
+        *,
+        stream: str | None = None,
+        durable: str | None = None,
+        bind: str | None = None,
+        config: ConsumerConfig | None = None,
+        delete_policy: DeletePolicy = DeletePolicy.AUTO,
+    ) -> AsyncIterator[PullSubscription]:
+        """A pull subscription by ADR-15's workflow (a missing named consumer is created)."""
+        from headrace.actors.nursery import open_actor_nursery
+        from headrace.jetstream.pull_subscription import PullSubscription as Pull
+        from headrace.jetstream.subscribe import bind_pull
+
+        bound = await bind_pull(
+            self,
+            subject,
+            stream=stream,
+            durable=durable,
+            bind=bind,
+            config=config or ConsumerConfig(),
+        )
+        sub = Pull(self, bound, delete_policy)
+        async with open_actor_nursery() as nursery:
+            await sub.lifecycle.start(nursery)
+            try:
+                yield sub
+            except BaseException:
+                with trio.CancelScope(shield=True), contextlib.suppress(JetStreamError):
+                    await sub.unsubscribe()
+                raise
+            else:
+                with trio.CancelScope(shield=True):
+                    await sub.unsubscribe()
+            finally:
+                sub._close()
 
     async def delete_consumer(self, stream: str, name: str) -> None:
         await self.api_request(f"CONSUMER.DELETE.{stream}.{name}")

@@ -162,6 +162,15 @@ class PullStatusError(JetStreamError):
         self.description = description
 
 
+class PushStatusError(JetStreamError):
+    """A push subscription received an error status (ADR-15 "Miscellaneous Error Statuses")."""
+
+    def __init__(self, status: int, description: str) -> None:
+        super().__init__(f"the push consumer sent status {status} {description!r}")
+        self.status = status
+        self.description = description
+
+
 class ConsumerDeleted(PullStatusError):
     """409 Consumer Deleted: the consumer went away while we were pulling from it."""
 

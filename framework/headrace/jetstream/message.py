@@ -19,6 +19,7 @@ import json
 from typing import TYPE_CHECKING
 
 import trio
+
 from headrace.jetstream.ack_reply import AckMetadata, parse_ack_reply
 from headrace.jetstream.errors import NotAJetStreamMessage
 from headrace.protocol.events import Msg
@@ -33,17 +34,48 @@ TERM = b"+TERM"
 WPI = b"+WPI"
 
 
+class OutstandingAcks:
+    """Counts messages handed to the user and not yet terminally acked, so that a drain can
+    wait for them (up to its deadline) before deleting the consumer."""
+
+    __slots__ = ("_lot", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def delivered(self, n: int) -> None:
+        self.count += n
+
+    def acked(self) -> None:
+        self.count -= 1
+        if self.count <= 0 and self._lot:
+            self._lot.unpark_all()
+
+    async def wait_all_acked(self) -> None:
+        while self.count > 0:
+            await self._lot.park()
+
+
 class JsMsg:
     """A message delivered by a JetStream consumer, with its acknowledgement methods."""
 
-    __slots__ = ("_ack_none", "_acked", "_conn", "_meta", "msg")
+    __slots__ = ("_ack_none", "_acked", "_conn", "_meta", "_tracker", "msg")
 
-    def __init__(self, msg: Msg, conn: Connection, *, ack_none: bool = False) -> None:
+    def __init__(
+        self,
+        msg: Msg,
+        conn: Connection,
+        *,
+        ack_none: bool = False,
+        tracker: OutstandingAcks | None = None,
+    ) -> None:
         self.msg = msg
         self._conn = conn
         self._ack_none = ack_none
         self._acked = False
         self._meta: AckMetadata | None = None
+        self._tracker = tracker
 
     def __repr__(self) -> str:
         return f"JsMsg(subject={self.msg.subject!r}, reply={self.msg.reply!r})"
@@ -105,6 +137,8 @@ class JsMsg:
         self._conn.publish_nowait(reply, payload)  # raises if it cannot be queued
         if terminal:
             self._acked = True
+            if self._tracker is not None:
+                self._tracker.acked()
         return True
 
     def ack_nowait(self) -> bool:
@@ -151,3 +185,5 @@ class JsMsg:
             raise NotAJetStreamMessage(f"{self!r} cannot be acknowledged: it has no reply")
         await self._conn.request(reply, ACK, timeout=timeout)
         self._acked = True
+        if self._tracker is not None:
+            self._tracker.acked()

@@ -13,11 +13,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from headrace.actors.nursery import open_actor_nursery
 from headrace.errors import NoRespondersError
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeOptions
 from headrace.jetstream.consumer_config import AckPolicy, ConsumerInfo
-from headrace.jetstream.message import JsMsg
+from headrace.jetstream.message import JsMsg, OutstandingAcks
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, status_error
 from headrace.protocol.events import Msg
@@ -55,6 +56,10 @@ class PullConsumer:
         self.stream = stream
         self.name = name
         self.cached_info = info
+        #: Counts messages handed out and not yet acked (set by a pull subscription's drain).
+        self.tracker: OutstandingAcks | None = None
+        #: Consume buffers running now (a pull subscription's drain drains them).
+        self.active: set[ConsumeBuffer] = set()
 
     def __repr__(self) -> str:
         return f"<PullConsumer {self.stream}/{self.name}>"
@@ -149,8 +154,10 @@ class PullConsumer:
         error = state["error"]
         if error is not None and not got:
             raise error
-        ack_none = self.ack_none
-        return [JsMsg(m, nc, ack_none=ack_none) for m in got]
+        ack_none, tracker = self.ack_none, self.tracker
+        if tracker is not None and not ack_none:
+            tracker.delivered(len(got))
+        return [JsMsg(m, nc, ack_none=ack_none, tracker=tracker) for m in got]
 
     async def _wait_with_heartbeats(
         self, done: trio.Event, state: dict[str, Any], idle_heartbeat: float
@@ -190,9 +197,11 @@ class PullConsumer:
         buffer = ConsumeBuffer(self, opts)
         async with open_actor_nursery() as nursery:
             await buffer.start(nursery)
+            self.active.add(buffer)
             try:
                 yield buffer
             finally:
+                self.active.discard(buffer)
                 buffer.close()
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
                     await buffer.wait_stopped()

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import attrs
+
 from headrace.jetstream.codec import seconds_to_ns
 
 #: Bytes mode asks for this many messages, so only max_bytes limits the batch (ADR-37).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import attrs
+
 from headrace.protocol.headers import Headers, parse_header_block
 
 

@@ -11,6 +11,7 @@ import enum
 from typing import Any
 
 import attrs
+
 from headrace.jetstream.codec import DURATION, TIME, jfield
 
 

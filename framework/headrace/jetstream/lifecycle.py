@@ -1,0 +1,140 @@
+"""The consumer lifecycle actor: what a subscription does with the consumer when it ends.
+
+A subscription either created its consumer or bound to one that existed (ADR-15). Ending it
+deletes only what it created, and only when nobody else may be using it. The rule
+(:class:`DeletePolicy` ``AUTO``), which also settles ADR-15's queue-group hazard:
+
+- an ephemeral consumer this subscription created is deleted;
+- a durable it created for a plain (non-queue) push subscription is deleted;
+- a durable it created for a queue group is deleted only if, after this member's interest is
+  gone, the server reports the consumer as not ``push_bound``: no other member is subscribed.
+  The first member of a group may have created the durable, but while others are bound it stays;
+- a durable pull consumer is never deleted: several processes share pull consumers by design
+  (scaling out) and nothing tells one that it is the last. Set ``inactive_threshold`` to have
+  the server remove it once unused, or use ``DeletePolicy.ALWAYS``.
+
+``ALWAYS`` deletes whatever this subscription created; ``NEVER`` deletes nothing.
+
+Draining (ADR-15 "Drain"): stop the flow (the subscription's own ``stop_delivery``), let the
+user read what is buffered, wait until what was handed out is acked (up to the deadline), then
+delete. A deletion failure during a drain is reported as a :class:`ConsumerDeleteFailed` event
+(the drain itself succeeded); during an unsubscribe it is raised, as ADR-15 asks.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from headrace.actors.actor import Actor, ActorState
+from headrace.jetstream.errors import ConsumerNotFound, JetStreamError
+from headrace.jetstream.events import ConsumerDeleteFailed, JetStreamEvent
+from headrace.jetstream.message import OutstandingAcks
+from headrace.nats.events import EventHub
+
+if TYPE_CHECKING:
+    from headrace.jetstream.context import JetStream
+
+
+class DeletePolicy(enum.Enum):
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+@attrs.frozen(slots=True)
+class _End:
+    drain: bool
+    deadline: float
+    done: trio.Event
+    result: list[BaseException | None]
+
+
+class ConsumerLifecycle(Actor[_End]):
+    """Owns the decision and the act of deleting the subscription's consumer."""
+
+    def __init__(
+        self,
+        js: JetStream,
+        stream: str,
+        consumer: str,
+        *,
+        created: bool,
+        durable: bool,
+        queue: str | None,
+        pull: bool,
+        policy: DeletePolicy,
+        hub: EventHub[JetStreamEvent],
+        stop_delivery: Callable[[bool, float], Awaitable[None]],
+        acks: OutstandingAcks | None,
+    ) -> None:
+        super().__init__(f"consumer-lifecycle:{stream}/{consumer}", inbox_size=1)
+        self.js = js
+        self.stream = stream
+        self.consumer = consumer
+        self.created = created
+        self.durable = durable
+        self.queue = queue
+        self.pull = pull
+        self.policy = policy
+        self._hub = hub
+        self._stop_delivery = stop_delivery
+        self._acks = acks
+        self.deleted = False
+
+    async def should_delete(self) -> bool:
+        """Apply the deletion rule (see the module docs)."""
+        if not self.created or self.policy is DeletePolicy.NEVER:
+            return False
+        if self.policy is DeletePolicy.ALWAYS or not self.durable:
+            return True
+        if self.pull:
+            return False
+        if self.queue is None:
+            return True
+        try:
+            info = await self.js.consumer_info(self.stream, self.consumer)
+        except ConsumerNotFound:
+            return False
+        return not info.push_bound
+
+    async def end(self, *, drain: bool, timeout: float = math.inf) -> None:
+        """Ask the actor to end the subscription; returns when done (raises what unsubscribe
+        must raise)."""
+        done = trio.Event()
+        result: list[BaseException | None] = [None]
+        await self.send(_End(drain, trio.current_time() + timeout, done, result))
+        await done.wait()
+        if result[0] is not None:
+            raise result[0]
+
+    async def run(self) -> None:
+        request = await self.inbox.receive()
+        try:
+            self.state = ActorState.DRAINING if request.drain else self.state
+            request.result[0] = await self._end(request)
+        finally:
+            request.done.set()
+
+    async def _end(self, request: _End) -> BaseException | None:
+        with trio.move_on_at(request.deadline):
+            await self._stop_delivery(request.drain, request.deadline)
+            if request.drain and self._acks is not None:
+                await self._acks.wait_all_acked()
+        try:
+            if await self.should_delete():
+                await self.js.delete_consumer(self.stream, self.consumer)
+                self.deleted = True
+        except ConsumerNotFound:
+            self.deleted = True  # already gone: the goal is reached
+        except JetStreamError as exc:
+            if request.drain:
+                self._hub.emit(ConsumerDeleteFailed(self.stream, self.consumer, exc))
+                return None
+            return exc
+        return None

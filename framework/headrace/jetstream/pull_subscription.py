@@ -1,0 +1,96 @@
+"""A pull subscription: a :class:`PullConsumer` made by ADR-15's workflow, with a lifecycle.
+
+It fetches and consumes like the consumer it wraps, and ends the ADR-15 way: ``unsubscribe``
+stops and deletes what it created (by the lifecycle's rule, which keeps durable pull consumers:
+they are shared), ``drain`` first stops requesting, lets running consumes deliver what was
+already sent, and waits for outstanding acks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from headrace.actors.actor import Actor
+from headrace.jetstream.consume import ConsumeBuffer, ConsumeOptions
+from headrace.jetstream.events import JetStreamEvent
+from headrace.jetstream.lifecycle import ConsumerLifecycle, DeletePolicy
+from headrace.jetstream.message import JsMsg, OutstandingAcks
+from headrace.jetstream.pull_consumer import PullConsumer
+from headrace.nats.events import EventHub, EventWatcher
+
+if TYPE_CHECKING:
+    from headrace.jetstream.context import JetStream
+    from headrace.jetstream.subscribe import Bound
+
+
+class PullSubscription:
+    def __init__(self, js: JetStream, bound: Bound, delete_policy: DeletePolicy) -> None:
+        info = bound.info
+        self.consumer = PullConsumer(js, bound.stream, info.name, info)
+        self.created = bound.created
+        self._hub: EventHub[JetStreamEvent] = EventHub()
+        self._acks = None if self.consumer.ack_none else OutstandingAcks()
+        self.consumer.tracker = self._acks
+        self.lifecycle = ConsumerLifecycle(
+            js,
+            bound.stream,
+            info.name,
+            created=bound.created,
+            durable=bool(info.config.durable_name),
+            queue=None,
+            pull=True,
+            policy=delete_policy,
+            hub=self._hub,
+            stop_delivery=self._stop_delivery,
+            acks=self._acks,
+        )
+
+    def __repr__(self) -> str:
+        return f"<PullSubscription {self.consumer.stream}/{self.consumer.name}>"
+
+    @property
+    def actors(self) -> list[Actor[Any]]:
+        return [self.lifecycle, *self.consumer.active]
+
+    def events(self, buffer: int = 256) -> EventWatcher[JetStreamEvent]:
+        """Lifecycle events (e.g. a failed delete after a drain); consume events are on each
+        consume's own ``events()``."""
+        return self._hub.watch(buffer)
+
+    async def fetch(self, max_messages: int | None = None, **kwargs: Any) -> list[JsMsg]:
+        return await self.consumer.fetch(max_messages, **kwargs)
+
+    async def next(self, **kwargs: Any) -> JsMsg | None:
+        return await self.consumer.next(**kwargs)
+
+    @asynccontextmanager
+    async def consume(
+        self, options: ConsumeOptions | None = None, **kwargs: Any
+    ) -> AsyncIterator[ConsumeBuffer]:
+        async with self.consumer.consume(options, **kwargs) as buffer:
+            yield buffer
+
+    async def _stop_delivery(self, drain: bool, deadline: float) -> None:
+        buffers = list(self.consumer.active)
+        if not drain:
+            for buffer in buffers:
+                buffer.close()
+            return
+        async with trio.open_nursery() as nursery:
+            for buffer in buffers:
+                nursery.start_soon(buffer.drain, max(deadline - trio.current_time(), 0.001))
+
+    async def unsubscribe(self) -> None:
+        if self.lifecycle.running:
+            await self.lifecycle.end(drain=False)
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        if self.lifecycle.running:
+            await self.lifecycle.end(drain=True, timeout=timeout)
+
+    def _close(self) -> None:
+        self._hub.close()

@@ -1,0 +1,273 @@
+"""Push subscriptions with automatic status management (ADR-15 "Automatic Status Management").
+
+The server pushes a push consumer's messages to its deliver subject. A push subscription reads
+them and hides the statuses: it hands the user only JetStream messages, while its actors deal
+with the rest:
+
+- the heartbeat monitor raises an alarm after 3x ``idle_heartbeat`` of silence;
+- the flow-control responder answers each flow-control request, and the stalled-consumer
+  header of heartbeats, at the point the request is reached in the message order;
+- the gap detector checks that consumer sequences follow one another (not for queue groups);
+- the consumer lifecycle deletes what this subscription created, by the rule in
+  :mod:`headrace.jetstream.lifecycle`.
+
+Arrivals are stamped for the heartbeat monitor by the connection's reader, once per socket read,
+and buffered (bounded; a full buffer drops and reports, as a core subscription does: the server
+redelivers what is not acked). Statuses other than 100 on a push subscription are errors
+(ADR-15 "Miscellaneous Error Statuses") and are raised from iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import trio
+
+from headrace.actors.actor import Actor
+from headrace.errors import SubscriptionClosedError
+from headrace.jetstream.consumer_config import AckPolicy, ConsumerInfo
+from headrace.jetstream.errors import PushStatusError
+from headrace.jetstream.events import JetStreamEvent, MessagesDropped
+from headrace.jetstream.flow_control import FlowControlRequest, FlowControlResponder
+from headrace.jetstream.gaps import GapDetector, HeartbeatSeen, Observed
+from headrace.jetstream.heartbeat import ALARM_FACTOR, HeartbeatMonitor
+from headrace.jetstream.lifecycle import ConsumerLifecycle, DeletePolicy
+from headrace.jetstream.message import JsMsg, OutstandingAcks
+from headrace.nats.delivery import DeliveryQueue, SlowConsumerPolicy
+from headrace.nats.events import EventHub, EventWatcher
+from headrace.protocol.events import Msg
+
+if TYPE_CHECKING:
+    from headrace.jetstream.context import JetStream
+    from headrace.nats.subscription import BatchHandler, Subscription
+
+ACK_PREFIX = "$JS.ACK."
+DEFAULT_PENDING_MSGS = 64 * 1024
+DEFAULT_PENDING_BYTES = 64 * 1024 * 1024
+
+
+class Inlet:
+    """Holds the batches of a NATS subscription made before its consumer exists (ADR-15), until
+    the push subscription is built and takes over."""
+
+    def __init__(self) -> None:
+        self._held: list[list[Msg]] = []
+        self._target: BatchHandler | None = None
+
+    def __call__(self, batch: list[Msg]) -> None:
+        if self._target is not None:
+            self._target(batch)
+        else:
+            self._held.append(batch)
+
+    def connect(self, target: BatchHandler) -> None:
+        self._target = target
+        held, self._held = self._held, []
+        for batch in held:
+            target(batch)
+
+
+class PushSubscription:
+    """A subscription to a push consumer; iterate it for :class:`JsMsg` messages.
+
+    Made by :meth:`JetStream.subscribe`, which runs ADR-15's workflow and starts the actors in
+    the nursery of its ``async with`` block.
+    """
+
+    def __init__(
+        self,
+        js: JetStream,
+        stream: str,
+        info: ConsumerInfo,
+        *,
+        queue: str | None,
+        created: bool,
+        delete_policy: DeletePolicy = DeletePolicy.AUTO,
+        heartbeat_factor: float = ALARM_FACTOR,
+        max_pending_msgs: int = DEFAULT_PENDING_MSGS,
+        max_pending_bytes: int = DEFAULT_PENDING_BYTES,
+    ) -> None:
+        self.js = js
+        self.stream = stream
+        self.info = info
+        self.queue = queue
+        self.created = created
+        self._nc = js.nc
+        config = info.config
+        self.consumer = info.name
+        self._ack_none = config.ack_policy is AckPolicy.NONE
+        self._acks = None if self._ack_none else OutstandingAcks()
+        self._hub: EventHub[JetStreamEvent] = EventHub()
+        self._queue = DeliveryQueue(max_pending_msgs, max_pending_bytes, SlowConsumerPolicy.DROP)
+        self._sub: Subscription | None = None
+        self._reported_drop = False
+        self.heartbeat: HeartbeatMonitor | None = None
+        if config.idle_heartbeat:
+            self.heartbeat = HeartbeatMonitor(
+                self._nc, self.consumer, config.idle_heartbeat, self._hub, factor=heartbeat_factor
+            )
+        self.flow_control: FlowControlResponder | None = None
+        if config.flow_control or config.idle_heartbeat:
+            # Stalled-consumer headers arrive on heartbeats even without flow control requests.
+            self.flow_control = FlowControlResponder(self._nc, self.consumer, self._hub)
+        self.gaps: GapDetector | None = None
+        if queue is None:
+            self.gaps = GapDetector(
+                self.consumer, self._hub, last_consumer=info.delivered.consumer_seq
+            )
+        self.lifecycle = ConsumerLifecycle(
+            js,
+            stream,
+            self.consumer,
+            created=created,
+            durable=bool(config.durable_name),
+            queue=queue,
+            pull=False,
+            policy=delete_policy,
+            hub=self._hub,
+            stop_delivery=self._stop_delivery,
+            acks=self._acks,
+        )
+
+    def __repr__(self) -> str:
+        return f"<PushSubscription {self.stream}/{self.consumer}>"
+
+    @property
+    def actors(self) -> list[Actor[object]]:
+        """The actors of this subscription, by name (for listings and health)."""
+        found: list[object] = [self.heartbeat, self.flow_control, self.gaps, self.lifecycle]
+        return [a for a in found if isinstance(a, Actor)]
+
+    def events(self, buffer: int = 256) -> EventWatcher[JetStreamEvent]:
+        return self._hub.watch(buffer)
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def _attach(self, sub: Subscription, inlet: Inlet) -> None:
+        """Take over the NATS subscription on the deliver subject (made before the consumer,
+        ADR-15): what the inlet held, and from now on every batch, comes here."""
+        self._sub = sub
+        inlet.connect(self._on_batch)
+
+    async def _start(self, nursery: trio.Nursery) -> None:
+        for actor in self.actors:
+            await actor.start(nursery)
+
+    def _on_batch(self, batch: list[Msg]) -> None:
+        """Runs in the connection's reader: stamp, buffer, never block."""
+        if self.heartbeat is not None:
+            self.heartbeat.activity()
+        dropped = self._queue.put_nowait(batch)
+        if dropped and not self._reported_drop:
+            self._reported_drop = True
+            self._hub.emit(MessagesDropped(self.consumer, dropped))
+        elif not dropped:
+            self._reported_drop = False
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def __aiter__(self) -> PushSubscription:
+        return self
+
+    async def __anext__(self) -> JsMsg:
+        try:
+            return (await self._take(1))[0]
+        except SubscriptionClosedError:
+            raise StopAsyncIteration from None
+
+    async def next_msg(self, timeout: float | None = None) -> JsMsg:
+        with trio.fail_after(math.inf if timeout is None else timeout):
+            return (await self._take(1))[0]
+
+    async def next_batch(self, max_msgs: int | None = None) -> list[JsMsg]:
+        return await self._take(max_msgs)
+
+    async def _take(self, max_msgs: int | None) -> list[JsMsg]:
+        nc, ack_none, tracker = self._nc, self._ack_none, self._acks
+        while True:
+            try:
+                batch = await self._queue.get_batch(max_msgs)
+            except trio.EndOfChannel:
+                raise SubscriptionClosedError(f"{self!r} has ended") from None
+            out: list[JsMsg] = []
+            seqs: list[tuple[int, int]] | None = [] if self.gaps is not None else None
+            for msg in batch:
+                reply = msg.reply
+                if reply is not None and reply.startswith(ACK_PREFIX):
+                    jm = JsMsg(msg, nc, ack_none=ack_none, tracker=tracker)
+                    out.append(jm)
+                    if seqs is not None:
+                        meta = jm.metadata
+                        seqs.append((meta.consumer_seq, meta.stream_seq))
+                    continue
+                self._on_status(msg)
+            if seqs:
+                self._observe(Observed(seqs))
+            if out:
+                if tracker is not None:
+                    tracker.delivered(len(out))
+                return out
+
+    def _observe(self, observation: Observed | HeartbeatSeen) -> None:
+        gaps = self.gaps
+        if gaps is not None and not gaps.tell(observation):
+            gaps.observe(observation)  # inbox full or not running: observe in place
+
+    def _on_status(self, msg: Msg) -> None:
+        status = msg.status
+        if status is None:
+            return  # a plain message someone published to the deliver subject: not ours
+        if status != 100:
+            raise PushStatusError(status, msg.description)
+        if msg.reply:  # a flow control request: answer it now that it reached the user
+            self._answer(FlowControlRequest(msg.reply))
+            return
+        headers = msg.headers
+        if headers is None:
+            return
+        stalled = headers.get("Nats-Consumer-Stalled")
+        if stalled:
+            self._answer(FlowControlRequest(stalled, stalled=True))
+        try:
+            last_consumer = int(headers.get("Nats-Last-Consumer", "0"))
+            last_stream = int(headers.get("Nats-Last-Stream", "0"))
+        except ValueError:
+            return
+        self._observe(HeartbeatSeen(last_consumer, last_stream))
+
+    def _answer(self, request: FlowControlRequest) -> None:
+        responder = self.flow_control
+        if responder is None or not responder.tell(request):
+            self._nc.publish_nowait(request.subject, b"")
+
+    # -- ending -------------------------------------------------------------------------------
+
+    async def _stop_delivery(self, drain: bool, deadline: float) -> None:
+        sub = self._sub
+        if sub is None or sub.is_closed:
+            self._queue.close()
+            return
+        if drain:
+            await sub.drain(max(deadline - trio.current_time(), 0.001))
+            self._queue.close()
+            await self._queue.wait_empty()
+        else:
+            await sub.unsubscribe()
+            self._queue.close()
+
+    async def unsubscribe(self) -> None:
+        """Stop now and delete the consumer if this subscription should (raises if deleting
+        fails, ADR-15). Buffered messages can still be read."""
+        if self.lifecycle.running:
+            await self.lifecycle.end(drain=False)
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Stop interest, deliver what is buffered, wait for outstanding acks (up to
+        ``timeout``), then delete the consumer if this subscription should."""
+        if self.lifecycle.running:
+            await self.lifecycle.end(drain=True, timeout=timeout)
+
+    def _close(self) -> None:
+        self._queue.close()
+        self._hub.close()
