@@ -24,6 +24,7 @@ T = TypeVar("T")
 
 _KIND = "headrace.kind"
 _JSON = "headrace.json"
+_MANY = "headrace.many"
 
 DURATION = "duration"
 DURATIONS = "durations"
@@ -38,12 +39,14 @@ def jfield(
     json_name: str | None = None,
     *,
     kind: str | type | None = None,
+    many: bool = False,
     default: Any = None,
     factory: Callable[[], Any] | None = None,
     **kwargs: Any,
 ) -> Any:
-    """An attrs field with its JSON name and kind (DURATION, TIME, an enum or a model class)."""
-    metadata = {_JSON: json_name, _KIND: kind}
+    """An attrs field with its JSON name and kind (DURATION, TIME, an enum or a model class);
+    ``many`` marks a list of models, so a list and an object are never confused."""
+    metadata = {_JSON: json_name, _KIND: kind, _MANY: many}
     if factory is not None:
         return attrs.field(factory=factory, metadata=metadata, **kwargs)
     return attrs.field(default=default, metadata=metadata, **kwargs)
@@ -73,13 +76,22 @@ def parse_time(text: str) -> dt.datetime:
     day, clock, frac, zone = match.groups()
     micro = (frac or "").ljust(6, "0")[:6]
     zone = "+00:00" if zone == "Z" else zone
-    return dt.datetime.fromisoformat(f"{day}T{clock}.{micro}{zone}")
+    try:
+        return dt.datetime.fromisoformat(f"{day}T{clock}.{micro}{zone}")
+    except ValueError as exc:
+        raise DecodeError(f"not a valid time: {text!r}: {exc}") from exc
 
 
 def format_time(value: dt.datetime) -> str:
+    """RFC 3339 in UTC with microseconds; years are zero-padded (Go's zero time is year 1,
+    which ``strftime`` would not pad)."""
     if value.tzinfo is None:
         raise ValueError("JetStream times must be timezone-aware (use datetime.UTC)")
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    t = value.astimezone(dt.UTC) if value.year > 1 else value.replace(tzinfo=dt.UTC)
+    return (
+        f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
+        f".{t.microsecond:06d}Z"
+    )
 
 
 def _encode(value: Any, kind: Any) -> Any:
@@ -113,7 +125,7 @@ def to_json(obj: Any) -> dict[str, Any]:
     return out
 
 
-def _decode(value: Any, kind: Any, where: str) -> Any:
+def _decode(value: Any, kind: Any, where: str, many: bool = False) -> Any:
     try:
         if kind == DURATION:
             return ns_to_seconds(int(value))
@@ -124,7 +136,9 @@ def _decode(value: Any, kind: Any, where: str) -> Any:
         if isinstance(kind, type) and issubclass(kind, enum.Enum):
             return kind(value)
         if isinstance(kind, type) and attrs.has(kind):
-            if isinstance(value, list):
+            if many:
+                if not isinstance(value, list):
+                    raise DecodeError(f"{where}: expected a list, not {type(value).__name__}")
                 return [from_json(kind, v) for v in value]
             return from_json(kind, value)
     except (TypeError, ValueError) as exc:
@@ -146,7 +160,10 @@ def from_json(cls: type[T], data: Any) -> T:
             extra[key] = value
         elif value is not None:
             kwargs[field.alias or field.name] = _decode(
-                value, field.metadata.get(_KIND), f"{cls.__name__}.{field.name}"
+                value,
+                field.metadata.get(_KIND),
+                f"{cls.__name__}.{field.name}",
+                bool(field.metadata.get(_MANY)),
             )
     if any(f.name == "extra" for f in fields):
         kwargs["extra"] = extra

@@ -41,7 +41,7 @@ from headrace.jetstream.events import HeartbeatsMissed, PullWarning
 from headrace.jetstream.message import JsMsg
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, pending_counts, status_error
-from headrace.nats.events import Disconnected, EventHub, EventWatcher, Reconnected
+from headrace.nats.events import Connected, Disconnected, EventHub, EventWatcher, Reconnected
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class _Retry:
     pass
 
 
-_Control = Disconnected | Reconnected | _Retry
+_Control = Connected | Disconnected | Reconnected | _Retry
 
 
 def _size(msg: Msg) -> int:
@@ -345,7 +345,7 @@ class ConsumeBuffer(Actor[_Control]):
 
     async def _forward(self, connection_events: EventWatcher[Any]) -> None:
         async for event in connection_events:
-            if isinstance(event, Disconnected | Reconnected):
+            if isinstance(event, Connected | Disconnected | Reconnected):
                 await self.send(event)
 
     async def _control_loop(self) -> None:
@@ -374,7 +374,10 @@ class ConsumeBuffer(Actor[_Control]):
     def _on_control(self, message: _Control) -> None:
         if isinstance(message, Disconnected):
             self._pulling = False  # heartbeat timer paused, no requests
-        elif isinstance(message, Reconnected) and self.state is not ActorState.DRAINING:
+        elif (
+            isinstance(message, Connected | Reconnected)
+            and self.state is not ActorState.DRAINING
+        ):
             self._pulling = True
             self._reset_pending()
             self._last_activity = trio.current_time()

@@ -457,13 +457,24 @@ class JetStream:
         hdrs = msg.headers
         if hdrs is None or "Nats-Sequence" not in hdrs:
             raise DecodeError("a Direct Get answer had no Nats-Sequence header")
+
+        def last(name: str, default: str) -> str:
+            # The server appends its headers after the stored message's own, which may carry
+            # the same names (a republished message does): the last value is the server's.
+            values = hdrs.get_all(name) if hdrs is not None else []
+            return values[-1] if values else default
+
+        try:
+            seq_no = int(last("Nats-Sequence", ""))
+        except ValueError as exc:
+            raise DecodeError("a Direct Get answer had a malformed Nats-Sequence") from exc
         return StoredMessage(
-            stream=hdrs.get("Nats-Stream", stream),
-            subject=hdrs.get("Nats-Subject", ""),
-            seq=int(hdrs["Nats-Sequence"]),
+            stream=last("Nats-Stream", stream),
+            subject=last("Nats-Subject", ""),
+            seq=seq_no,
             data=msg.data,
             raw_headers=msg.raw_headers,
-            time=_direct_time(hdrs.get("Nats-Time-Stamp")),
+            time=_direct_time(last("Nats-Time-Stamp", "")),
         )
 
     async def delete_msg(self, stream: str, seq: int, *, erase: bool = False) -> None:

@@ -19,12 +19,12 @@ import trio
 from headrace.actors.actor import Actor
 from headrace.jetstream.events import HeartbeatsMissed, JetStreamEvent
 from headrace.nats.connection import Connection
-from headrace.nats.events import Disconnected, EventHub, Reconnected
+from headrace.nats.events import Connected, Disconnected, EventHub, Reconnected
 
 ALARM_FACTOR = 3.0
 
 
-class HeartbeatMonitor(Actor[Disconnected | Reconnected]):
+class HeartbeatMonitor(Actor[Connected | Disconnected | Reconnected]):
     def __init__(
         self,
         nc: Connection,
@@ -58,7 +58,7 @@ class HeartbeatMonitor(Actor[Disconnected | Reconnected]):
 
                 async def forward() -> None:
                     async for event in events:
-                        if isinstance(event, Disconnected | Reconnected):
+                        if isinstance(event, Connected | Disconnected | Reconnected):
                             await self.send(event)
 
                 nursery.start_soon(forward)

@@ -91,7 +91,7 @@ class StreamConfig:
     duplicate_window: float | None = jfield(kind=DURATION)
     placement: Placement | None = jfield(kind=Placement)
     mirror: StreamSource | None = jfield(kind=StreamSource)
-    sources: list[StreamSource] | None = jfield(kind=StreamSource)
+    sources: list[StreamSource] | None = jfield(kind=StreamSource, many=True)
     sealed: bool | None = jfield()
     deny_delete: bool | None = jfield()
     deny_purge: bool | None = jfield()
@@ -136,7 +136,7 @@ class PeerInfo:
 class ClusterInfo:
     name: str | None = jfield()
     leader: str | None = jfield()
-    replicas: list[PeerInfo] | None = jfield(kind=PeerInfo)
+    replicas: list[PeerInfo] | None = jfield(kind=PeerInfo, many=True)
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
 

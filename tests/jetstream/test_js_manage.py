@@ -1,0 +1,503 @@
+"""Stream and consumer management through the JetStream API against a real nats-server: the
+calls, paging, stream lookup, the typed errors with the server's codes, account info, domains
+and what happens when JetStream is off. nats-py checks what headrace created."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+import trio
+from headrace.errors import InvalidSubjectError
+from headrace.jetstream import (
+    AckPolicy,
+    ConsumerAlreadyExists,
+    ConsumerConfig,
+    ConsumerDoesNotExist,
+    ConsumerInfo,
+    ConsumerNotFound,
+    DeliverPolicy,
+    DiscardPolicy,
+    JetStream,
+    JetStreamAPIError,
+    JetStreamNotEnabled,
+    JetStreamUnavailable,
+    RetentionPolicy,
+    StorageType,
+    StreamAlreadyExists,
+    StreamConfig,
+    StreamInfo,
+    StreamLookupError,
+    StreamNotFound,
+    StreamSubjectsOverlap,
+    SubscribeError,
+    WrongLastSequence,
+)
+from headrace.nats import connect
+
+MEM = StorageType.MEMORY
+
+
+def _recent(value: dt.datetime | None) -> bool:
+    return value is not None and abs(dt.datetime.now(dt.UTC) - value) < dt.timedelta(minutes=5)
+
+
+# -- streams ----------------------------------------------------------------------------------
+
+
+async def test_stream_add_info_update_delete(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        info = await js.add_stream(
+            StreamConfig(
+                name="ORDERS",
+                subjects=["orders.*"],
+                storage=MEM,
+                max_msgs=100,
+                max_age=3600,
+                discard=DiscardPolicy.NEW,
+                description="first",
+            )
+        )
+        assert isinstance(info, StreamInfo)
+        cfg = info.config
+        assert (cfg.name, cfg.subjects, cfg.storage) == ("ORDERS", ["orders.*"], MEM)
+        assert (cfg.max_msgs, cfg.max_age, cfg.discard) == (100, 3600.0, DiscardPolicy.NEW)
+        assert cfg.retention is RetentionPolicy.LIMITS  # the server's default, decoded
+        assert cfg.duplicate_window == 120.0  # server default of 2 minutes, in seconds
+        assert (info.state.messages, info.state.last_seq) == (0, 0)
+        assert _recent(info.created)
+
+        # Adding the same configuration again is idempotent.
+        again = await js.add_stream(
+            StreamConfig(
+                name="ORDERS",
+                subjects=["orders.*"],
+                storage=MEM,
+                max_msgs=100,
+                max_age=3600,
+                discard=DiscardPolicy.NEW,
+                description="first",
+            )
+        )
+        assert again.created == info.created
+
+        await js.publish("orders.1", b"a")
+        fetched = await js.stream_info("ORDERS")
+        assert fetched.config == cfg
+        assert (fetched.state.messages, fetched.state.last_seq) == (1, 1)
+        assert _recent(fetched.state.last_ts)
+
+        # Update from what was read: change two fields, keep the rest.
+        cfg.subjects = ["orders.*", "returns.*"]
+        cfg.description = "second"
+        updated = await js.update_stream(cfg)
+        assert updated.config.subjects == ["orders.*", "returns.*"]
+        assert updated.config.description == "second"
+        assert updated.config.max_msgs == 100
+        assert updated.state.messages == 1
+        await js.publish("returns.1", b"b")
+        assert (await js.stream_info("ORDERS")).state.messages == 2
+
+        await js.delete_stream("ORDERS")
+        with pytest.raises(StreamNotFound) as exc:
+            await js.stream_info("ORDERS")
+        assert (exc.value.code, exc.value.err_code) == (404, 10059)
+        with pytest.raises(StreamNotFound):
+            await js.delete_stream("ORDERS")
+        with pytest.raises(StreamNotFound):
+            await js.update_stream(StreamConfig(name="ORDERS", subjects=["orders.*"]))
+
+
+async def test_unknown_config_fields_survive_an_update(nats_server):
+    """``consumer_limits`` is not a StreamConfig field: it travels in ``extra`` and an update
+    built from a read configuration must send it back, or the server would reset it."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        created = await js.add_stream(
+            StreamConfig(
+                name="LIM",
+                subjects=["lim.>"],
+                storage=MEM,
+                extra={"consumer_limits": {"max_ack_pending": 50}},
+            )
+        )
+        assert created.config.extra["consumer_limits"]["max_ack_pending"] == 50
+        cfg = (await js.stream_info("LIM")).config
+        cfg.description = "touched"
+        updated = await js.update_stream(cfg)
+        assert updated.config.description == "touched"
+        assert updated.config.extra["consumer_limits"]["max_ack_pending"] == 50
+        # The limit is in force: a consumer gets it as its default.
+        ci = await js.create_consumer("LIM", ConsumerConfig(durable_name="c"))
+        assert ci.config.max_ack_pending == 50
+
+
+async def test_stream_errors(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.>"], storage=MEM))
+        with pytest.raises(StreamAlreadyExists) as exists:
+            await js.add_stream(StreamConfig(name="S", subjects=["s.>", "t"], storage=MEM))
+        assert (exists.value.code, exists.value.err_code) == (400, 10058)
+        with pytest.raises(StreamSubjectsOverlap) as overlap:
+            await js.add_stream(StreamConfig(name="S2", subjects=["s.x"], storage=MEM))
+        assert overlap.value.err_code == 10065
+        assert isinstance(overlap.value, JetStreamAPIError)
+        # The failed calls changed nothing.
+        assert await js.stream_names() == ["S"]
+        assert (await js.stream_info("S")).config.subjects == ["s.>"]
+
+
+async def test_purge(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="P", subjects=["p.*"], storage=MEM))
+        for subject in ["p.a", "p.b", "p.a", "p.b", "p.a", "p.c", "p.c", "p.c", "p.c", "p.c"]:
+            await js.publish(subject, b"x")
+
+        assert await js.purge_stream("P", subject="p.a") == 3
+        state = (await js.stream_info("P", subjects_filter=">")).state
+        assert state.messages == 7
+        assert state.extra["subjects"] == {"p.b": 2, "p.c": 5}
+
+        # seq: remove everything below sequence 6 (p.b at 2 and 4).
+        assert await js.purge_stream("P", seq=6) == 2
+        state = (await js.stream_info("P")).state
+        assert (state.messages, state.first_seq) == (5, 6)
+
+        # keep: all but the newest 2.
+        assert await js.purge_stream("P", keep=2) == 3
+        state = (await js.stream_info("P")).state
+        assert (state.messages, state.first_seq, state.last_seq) == (2, 9, 10)
+
+        # subject and keep together.
+        await js.publish("p.d", b"1")
+        await js.publish("p.d", b"2")
+        assert await js.purge_stream("P", subject="p.d", keep=1) == 1
+        assert (await js.get_msg("P", last_by_subject="p.d")).data == b"2"
+
+        assert await js.purge_stream("P") == 3
+        state = (await js.stream_info("P")).state
+        assert (state.messages, state.first_seq, state.last_seq) == (0, 13, 12)
+        assert await js.purge_stream("P") == 0
+
+        with pytest.raises(ValueError, match="seq or keep"):
+            await js.purge_stream("P", seq=1, keep=1)
+        with pytest.raises(StreamNotFound):
+            await js.purge_stream("NOPE")
+
+
+async def test_list_names_and_lookup(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        assert await js.stream_names() == []
+        assert [s async for s in js.streams()] == []
+        for name, subjects in [("A", ["a.*"]), ("B", ["b.*"]), ("C", ["c.only", "c.other"])]:
+            await js.add_stream(StreamConfig(name=name, subjects=subjects, storage=MEM))
+
+        assert sorted(await js.stream_names()) == ["A", "B", "C"]
+        infos = [s async for s in js.streams()]
+        assert sorted((i.config.name, tuple(i.config.subjects or ())) for i in infos) == [
+            ("A", ("a.*",)),
+            ("B", ("b.*",)),
+            ("C", ("c.only", "c.other")),
+        ]
+        assert all(isinstance(i, StreamInfo) and _recent(i.created) for i in infos)
+
+        # Filtered by a subject: the streams whose subjects overlap it.
+        assert await js.stream_names(subject="a.1") == ["A"]
+        assert sorted(await js.stream_names(subject="*.x")) == ["A", "B"]
+        assert sorted(await js.stream_names(subject=">")) == ["A", "B", "C"]
+        assert await js.stream_names(subject="c.other") == ["C"]
+        assert await js.stream_names(subject="zzz") == []
+        assert [i.config.name async for i in js.streams(subject="b.>")] == ["B"]
+
+        assert await js.find_stream("a.1") == "A"
+        assert await js.find_stream("c.*") == "C"
+        with pytest.raises(StreamLookupError, match="no stream") as none:
+            await js.find_stream("zzz")
+        assert isinstance(none.value, SubscribeError)
+        with pytest.raises(StreamLookupError, match="several") as several:
+            await js.find_stream("*.x")
+        assert "A, B" in str(several.value)
+        with pytest.raises(StreamLookupError, match="A, B, C"):
+            await js.find_stream(">")
+
+
+async def test_listing_pages_through_everything(nats_server):
+    """STREAM.LIST pages 256 at a time, CONSUMER.LIST too: 300 of each need two pages."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        names = {f"S{i:03d}" for i in range(300)}
+        for name in names:
+            await js.add_stream(StreamConfig(name=name, subjects=[f"{name}.*"], storage=MEM))
+        assert sorted(await js.stream_names()) == sorted(names)
+        infos = [s.config.name async for s in js.streams()]
+        assert len(infos) == 300
+        assert set(infos) == names
+
+        consumers = {f"c{i:03d}" for i in range(300)}
+        for name in consumers:
+            await js.create_consumer("S000", ConsumerConfig(durable_name=name, mem_storage=True))
+        assert sorted(await js.consumer_names("S000")) == sorted(consumers)
+        listed = [c async for c in js.consumers("S000")]
+        assert len(listed) == 300
+        assert {c.name for c in listed} == consumers
+        assert {c.stream_name for c in listed} == {"S000"}
+
+
+# -- consumers --------------------------------------------------------------------------------
+
+
+async def test_consumer_lifecycle(nats_server, natspy):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.*"], storage=MEM))
+        for subject in ["s.a", "s.b", "s.a"]:
+            await js.publish(subject, b"x")
+
+        config = ConsumerConfig(
+            durable_name="worker",
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=12.5,
+            max_deliver=4,
+            filter_subject="s.a",
+            description="one",
+        )
+        created = await js.create_consumer("S", config)
+        assert isinstance(created, ConsumerInfo)
+        assert (created.stream_name, created.name) == ("S", "worker")
+        assert created.config.ack_wait == 12.5
+        assert created.config.deliver_policy is DeliverPolicy.ALL  # server default
+        assert created.num_pending == 2  # only s.a messages
+        assert _recent(created.created)
+
+        # Creating the same configuration again succeeds; a different one does not.
+        assert (await js.create_consumer("S", config)).created == created.created
+        with pytest.raises(ConsumerAlreadyExists) as exists:
+            await js.create_consumer(
+                "S", ConsumerConfig(durable_name="worker", ack_wait=1, filter_subject="s.a")
+            )
+        assert (exists.value.code, exists.value.err_code) == (400, 10148)
+
+        # nats-py sees what headrace created.
+        await natspy.connect(nats_server.url)
+        py_info = await natspy.call(natspy.nc.jetstream().consumer_info, "S", "worker")
+        assert py_info.config.ack_wait == 12.5
+        assert py_info.config.max_deliver == 4
+        assert py_info.config.filter_subject == "s.a"
+        assert py_info.num_pending == 2
+
+        # Update: description and ack_wait change, everything else stays.
+        config.description = "two"
+        config.ack_wait = 20
+        updated = await js.update_consumer("S", config)
+        assert (updated.config.description, updated.config.ack_wait) == ("two", 20.0)
+        assert updated.config.max_deliver == 4
+        info = await js.consumer_info("S", "worker")
+        assert info.config == updated.config
+
+        # create_or_update: updates an existing consumer, creates a missing one.
+        config.description = "three"
+        assert (await js.create_or_update_consumer("S", config)).config.description == "three"
+        other = await js.create_or_update_consumer(
+            "S", ConsumerConfig(name="other", filter_subject="s.b", inactive_threshold=60)
+        )
+        assert other.name == "other"
+        assert other.config.durable_name is None
+        assert other.config.inactive_threshold == 60.0
+        assert other.num_pending == 1
+
+        # An ephemeral consumer gets a server-made name.
+        ephemeral = await js.create_consumer("S", ConsumerConfig(ack_policy=AckPolicy.NONE))
+        assert ephemeral.name
+        assert ephemeral.config.ack_policy is AckPolicy.NONE
+        assert ephemeral.num_pending == 3
+
+        assert sorted(await js.consumer_names("S")) == sorted(["worker", "other", ephemeral.name])
+        listed = {c.name: c async for c in js.consumers("S")}
+        assert listed["worker"].config.description == "three"
+        assert listed["other"].config.filter_subject == "s.b"
+        assert (await js.stream_info("S")).state.consumer_count == 3
+
+        await js.delete_consumer("S", "worker")
+        with pytest.raises(ConsumerNotFound) as missing:
+            await js.consumer_info("S", "worker")
+        assert (missing.value.code, missing.value.err_code) == (404, 10014)
+        with pytest.raises(ConsumerNotFound):
+            await js.delete_consumer("S", "worker")
+        assert sorted(await js.consumer_names("S")) == sorted(["other", ephemeral.name])
+
+
+async def test_consumer_errors(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.*"], storage=MEM))
+
+        with pytest.raises(ConsumerDoesNotExist) as dne:
+            await js.update_consumer("S", ConsumerConfig(durable_name="ghost"))
+        assert (dne.value.code, dne.value.err_code) == (400, 10149)
+        assert isinstance(dne.value, ConsumerNotFound)
+        assert await js.consumer_names("S") == []  # the update did not create it
+
+        with pytest.raises(ValueError, match="needs its name"):
+            await js.update_consumer("S", ConsumerConfig(ack_wait=5))
+
+        with pytest.raises(StreamNotFound) as no_stream:
+            await js.create_consumer("NOPE", ConsumerConfig(durable_name="c"))
+        assert no_stream.value.err_code == 10059
+        with pytest.raises(StreamNotFound):
+            await js.consumer_info("NOPE", "c")
+        with pytest.raises(StreamNotFound):
+            await js.consumer_names("NOPE")
+
+        # A deliver policy cannot be changed by an update: the server refuses it.
+        await js.create_consumer(
+            "S", ConsumerConfig(durable_name="d", deliver_policy=DeliverPolicy.NEW)
+        )
+        with pytest.raises(JetStreamAPIError) as refused:
+            await js.update_consumer(
+                "S", ConsumerConfig(durable_name="d", deliver_policy=DeliverPolicy.ALL)
+            )
+        assert refused.value.err_code == 10012  # "deliver policy can not be updated"
+        assert (await js.consumer_info("S", "d")).config.deliver_policy is DeliverPolicy.NEW
+
+
+async def test_natspy_made_consumer_reads_back(nats_server, natspy):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.*"], storage=MEM))
+        await natspy.connect(nats_server.url)
+        from nats.js.api import AckPolicy as PyAckPolicy
+        from nats.js.api import ConsumerConfig as PyConsumerConfig
+
+        py_cfg = PyConsumerConfig(
+            durable_name="py",
+            ack_policy=PyAckPolicy.EXPLICIT,
+            max_ack_pending=3,
+            filter_subject="s.a",
+            backoff=[0.5, 4],
+            max_deliver=3,
+        )
+        await natspy.call(natspy.nc.jetstream().add_consumer, "S", py_cfg)
+        info = await js.consumer_info("S", "py")
+        cfg = info.config
+        assert (cfg.durable_name, cfg.ack_policy) == ("py", AckPolicy.EXPLICIT)
+        assert (cfg.max_ack_pending, cfg.filter_subject, cfg.max_deliver) == (3, "s.a", 3)
+        assert cfg.backoff == [0.5, 4.0]
+        assert cfg.ack_wait == 0.5  # the server takes the first backoff step as ack wait
+        # Read, then written back unchanged: the server sees no change.
+        assert (await js.update_consumer("S", cfg)).config == cfg
+
+
+# -- publish errors that are about streams ----------------------------------------------------
+
+
+async def test_wrong_last_sequence_error(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s"], storage=MEM))
+        await js.publish("s", b"1")
+        with pytest.raises(WrongLastSequence) as wrong:
+            await js.publish("s", b"2", expected_last_seq=5)
+        assert (wrong.value.code, wrong.value.err_code) == (400, 10071)
+        assert "1" in wrong.value.description
+        assert (await js.stream_info("S")).state.messages == 1
+
+
+# -- account, domains, JetStream off ----------------------------------------------------------
+
+
+async def test_account_info(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        empty = await js.account_info()
+        assert (empty.streams, empty.consumers, empty.memory, empty.storage) == (0, 0, 0, 0)
+        assert empty.domain is None
+        assert empty.limits.max_streams == -1
+        await js.add_stream(StreamConfig(name="M", subjects=["m"], storage=MEM))
+        await js.add_stream(StreamConfig(name="F", subjects=["f"], storage=StorageType.FILE))
+        await js.create_consumer("M", ConsumerConfig(durable_name="c"))
+        await js.publish("m", b"x" * 1000)
+        await js.publish("f", b"y" * 1000)
+        info = await js.account_info()
+        assert (info.streams, info.consumers) == (2, 1)
+        assert info.memory >= 1000
+        assert info.storage >= 1000
+
+
+def _domain_config(store: object) -> str:
+    return f"jetstream {{\n  domain: hub\n  store_dir: {json.dumps(str(store))}\n}}"
+
+
+async def test_domain(nats_server_factory, tmp_path):
+    server = nats_server_factory(jetstream=False, extra_config=_domain_config(tmp_path))
+    async with connect(server.url) as nc:
+        hub = JetStream(nc, domain="hub")
+        assert hub.prefix == "$JS.hub.API"
+        assert hub.api_subject("INFO") == "$JS.hub.API.INFO"
+        assert (await hub.account_info()).domain == "hub"
+
+        await hub.add_stream(StreamConfig(name="D", subjects=["d.>"], storage=MEM))
+        ack = await hub.publish("d.1", b"x")
+        assert (ack.stream, ack.seq, ack.domain) == ("D", 1, "hub")
+
+        # On the server itself the domain-less prefix reaches the same JetStream.
+        local = JetStream(nc)
+        assert (await local.account_info()).domain == "hub"
+        assert await local.stream_names() == ["D"]
+        # So does an explicit API prefix (a trailing dot is dropped).
+        prefixed = JetStream(nc, api_prefix="$JS.hub.API.")
+        assert prefixed.prefix == "$JS.hub.API"
+        assert (await prefixed.stream_info("D")).state.messages == 1
+
+        # Another domain answers nothing.
+        with pytest.raises(JetStreamUnavailable):
+            await JetStream(nc, domain="spoke").account_info()
+        with pytest.raises(JetStreamUnavailable, match="domain"):
+            await JetStream(nc, domain="spoke").stream_names()
+
+
+async def test_context_arguments(core_server):
+    async with connect(core_server.url) as nc:
+        with pytest.raises(ValueError, match="not both"):
+            JetStream(nc, domain="hub", api_prefix="$JS.hub.API")
+        with pytest.raises(InvalidSubjectError):
+            JetStream(nc, domain="has space")
+        with pytest.raises(InvalidSubjectError):
+            JetStream(nc, domain="")
+        with pytest.raises(InvalidSubjectError):
+            JetStream(nc, api_prefix="$JS.*.API")
+        assert JetStream(nc).prefix == "$JS.API"
+        assert "$JS.API" in repr(JetStream(nc))
+
+
+async def test_jetstream_off(core_server):
+    async with connect(core_server.url) as nc:
+        js = JetStream(nc, timeout=2)
+        with trio.fail_after(5):
+            with pytest.raises(JetStreamUnavailable):
+                await js.account_info()
+            with pytest.raises(JetStreamUnavailable):
+                await js.add_stream(StreamConfig(name="S", subjects=["s"]))
+            with pytest.raises(JetStreamUnavailable):
+                await js.stream_names()
+
+
+async def test_account_without_jetstream(nats_server_factory):
+    server = nats_server_factory(
+        extra_config=(
+            "accounts {\n"
+            "  JS: { jetstream: enabled, users: [{user: a, password: a}] }\n"
+            "  PLAIN: { users: [{user: b, password: b}] }\n"
+            "}"
+        )
+    )
+    async with connect(server.url, user="b", password="b") as nc:
+        with pytest.raises(JetStreamNotEnabled) as off:
+            await JetStream(nc).account_info()
+        assert (off.value.code, off.value.err_code) == (503, 10039)
+    async with connect(server.url, user="a", password="a") as nc:
+        assert (await JetStream(nc).account_info()).streams == 0
