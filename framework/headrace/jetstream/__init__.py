@@ -33,6 +33,7 @@ from headrace.jetstream.errors import (
     NoStreamForSubject,
     NotAJetStreamMessage,
     PullStatusError,
+    PushStatusError,
     StreamAlreadyExists,
     StreamLookupError,
     StreamNotFound,
@@ -48,11 +49,35 @@ from headrace.jetstream.events import (
     GapDetected,
     HeartbeatsMissed,
     JetStreamEvent,
+    MessagesDropped,
     PullWarning,
 )
+from headrace.jetstream.kv import (
+    BucketExists,
+    BucketNotFound,
+    InvalidBucketName,
+    InvalidKey,
+    KeyExists,
+    KeyNotFound,
+    KeyValue,
+    KeyValueConfig,
+    KeyValueError,
+    KeyValueStatus,
+    KeyWatcher,
+    WrongRevision,
+    create_key_value,
+    delete_key_value,
+    key_value,
+)
+from headrace.jetstream.kv import Entry as KeyValueEntry
+from headrace.jetstream.kv import Operation as KeyValueOperation
+from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.message import JsMsg
+from headrace.jetstream.ordered import OrderedSubscription
 from headrace.jetstream.pull_consumer import PullConsumer
 from headrace.jetstream.pull_request import PullRequest
+from headrace.jetstream.pull_subscription import PullSubscription
+from headrace.jetstream.push import PushSubscription
 from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.stored_message import StoredMessage
 from headrace.jetstream.stream_config import (
@@ -70,6 +95,8 @@ __all__ = [
     "AckMetadata",
     "AckPolicy",
     "BadRequest",
+    "BucketExists",
+    "BucketNotFound",
     "Compression",
     "ConsumeBuffer",
     "ConsumeEvent",
@@ -84,12 +111,15 @@ __all__ = [
     "ConsumerIsPushBased",
     "ConsumerNotFound",
     "ConsumerRecreated",
+    "DeletePolicy",
     "DeliverPolicy",
     "DiscardPolicy",
     "FlowControlAnswered",
     "GapDetected",
     "HeartbeatsMissed",
     "InvalidAckReply",
+    "InvalidBucketName",
+    "InvalidKey",
     "JetStream",
     "JetStreamAPIError",
     "JetStreamError",
@@ -97,14 +127,28 @@ __all__ = [
     "JetStreamNotEnabled",
     "JetStreamUnavailable",
     "JsMsg",
+    "KeyExists",
+    "KeyNotFound",
+    "KeyValue",
+    "KeyValueConfig",
+    "KeyValueEntry",
+    "KeyValueError",
+    "KeyValueOperation",
+    "KeyValueStatus",
+    "KeyWatcher",
     "MessageNotFound",
+    "MessagesDropped",
     "NoStreamForSubject",
     "NotAJetStreamMessage",
+    "OrderedSubscription",
     "PubAck",
     "PullConsumer",
     "PullRequest",
     "PullStatusError",
+    "PullSubscription",
     "PullWarning",
+    "PushStatusError",
+    "PushSubscription",
     "ReplayPolicy",
     "RetentionPolicy",
     "SequenceInfo",
@@ -120,5 +164,9 @@ __all__ = [
     "SubscribeError",
     "WrongLastMsgId",
     "WrongLastSequence",
+    "WrongRevision",
+    "create_key_value",
+    "delete_key_value",
+    "key_value",
     "parse_ack_reply",
 ]

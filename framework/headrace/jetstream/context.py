@@ -358,11 +358,15 @@ class JetStream:
         expected_last_subject_seq: int | None = None,
         expected_last_msg_id: str | None = None,
         timeout: float | None = None,
+        retry_attempts: int = 2,
+        retry_wait: float = 0.25,
     ) -> PubAck:
         """Publish to a stream and wait for its acknowledgement.
 
         ``msg_id`` de-duplicates within the stream's duplicate window (``PubAck.duplicate``);
         the ``expected_*`` arguments make the write conditional (:class:`WrongLastSequence`).
+        Nobody answering is retried ``retry_attempts`` times, ``retry_wait`` seconds apart (as
+        the Go client does): a stream just created, or electing a leader, answers a moment later.
         """
         hdrs = _headers(headers)
         for name, value in (
@@ -374,15 +378,21 @@ class JetStream:
         ):
             if value is not None:
                 hdrs.set(name, str(value))
-        try:
-            msg = await self.nc.request(
-                subject,
-                data,
-                headers=hdrs if len(hdrs) else None,
-                timeout=self.timeout if timeout is None else timeout,
-            )
-        except NoRespondersError as exc:
-            raise NoStreamForSubject(subject) from exc
+        attempt = 0
+        while True:
+            try:
+                msg = await self.nc.request(
+                    subject,
+                    data,
+                    headers=hdrs if len(hdrs) else None,
+                    timeout=self.timeout if timeout is None else timeout,
+                )
+                break
+            except NoRespondersError as exc:
+                if attempt >= retry_attempts:
+                    raise NoStreamForSubject(subject) from exc
+                attempt += 1
+                await trio.sleep(retry_wait)
         try:
             answer = json.loads(msg.data)
         except ValueError as exc:

@@ -72,9 +72,13 @@ class MessageNotFound(JetStreamAPIError):
 
 
 class WrongLastSequence(JetStreamAPIError):
-    """An expected-last-sequence (or subject sequence) header did not match the stream."""
+    """An expected-last-sequence (or subject sequence) header did not match the stream.
 
-    err_codes = (10071,)
+    10164 is the replicated streams' form: another conditional write on the subject was in
+    flight. Either way the write was refused; read again and retry.
+    """
+
+    err_codes = (10071, 10164)
 
 
 class WrongLastMsgId(JetStreamAPIError):

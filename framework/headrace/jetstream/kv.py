@@ -1,0 +1,727 @@
+"""JetStream Key-Value buckets (ADR-8): a bucket is a stream, a key a subject, a revision a
+stream sequence.
+
+Bucket ``B`` is the stream ``KV_B`` capturing ``$KV.B.>``; key ``a.b`` is the subject
+``$KV.B.a.b``. Every write is a JetStream publish whose stream sequence is the entry's
+*revision*. The stream keeps ``history`` messages per subject (``max_msgs_per_subject``), so the
+last message of a subject is the key's current state: a value, or a delete / purge marker (a
+message with the header ``KV-Operation: DEL`` or ``PURGE``, or a server-placed
+``Nats-Marker-Reason``).
+
+Compare-and-set is the server's, never the client's: :meth:`KeyValue.create`,
+:meth:`KeyValue.update` and the conditional :meth:`KeyValue.delete` / :meth:`KeyValue.purge`
+publish with ``Nats-Expected-Last-Subject-Sequence``, and the stream accepts the write only if
+the subject's last sequence is that revision (0: no message). A refusal comes back as
+err_code 10071 (``JSStreamWrongLastSequenceErrF``, "wrong last sequence: N", from a single
+server or the leader's store check) or 10164 (``JSStreamWrongLastSequenceConstantErr``, from a
+replicated stream while another conditional write on the subject is in flight); both become
+:class:`WrongRevision` (:class:`KeyExists` for a create). Reads go through Direct Get (ADR-31),
+which may answer from a lagging replica: a stale read can make a compare-and-set fail, never
+succeed wrongly, so the usual loop (read, compute, update, on :class:`WrongRevision` read again)
+is safe.
+
+Not supported here (ADR-8 extensions): limit markers and per-key TTLs (ADR-48), sources and
+mirrors (ADR-57), republish, placement, and the cross-account API prefix form of the ``$KV``
+subjects (writes go to ``$KV.<bucket>.<key>`` as seen by this connection's account).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+
+from headrace.jetstream.codec import DecodeError
+from headrace.jetstream.consumer_config import ConsumerConfig, DeliverPolicy
+from headrace.jetstream.context import JetStream
+from headrace.jetstream.errors import (
+    JetStreamAPIError,
+    JetStreamError,
+    JetStreamUnavailable,
+    MessageNotFound,
+    NoStreamForSubject,
+    StreamAlreadyExists,
+    StreamNotFound,
+)
+from headrace.jetstream.message import JsMsg
+from headrace.jetstream.push import PushSubscription
+from headrace.jetstream.stored_message import StoredMessage
+from headrace.jetstream.stream_config import (
+    Compression,
+    DiscardPolicy,
+    StorageType,
+    StreamConfig,
+    StreamInfo,
+)
+from headrace.protocol.headers import Headers
+
+STREAM_PREFIX = "KV_"
+SUBJECT_PREFIX = "$KV"
+MAX_HISTORY = 64
+#: ADR-8: with a TTL, the duplicate window is the TTL, capped at two minutes.
+MAX_DUPLICATE_WINDOW = 120.0
+#: How many conditional writes a create makes at most, each on a newer delete marker.
+CREATE_ATTEMPTS = 8
+
+KV_OPERATION = "KV-Operation"
+MARKER_REASON = "Nats-Marker-Reason"
+ROLLUP = "Nats-Rollup"
+
+#: err_codes of a refused ``Nats-Expected-Last-Subject-Sequence`` (see the module docs).
+WRONG_LAST_SEQUENCE_CODES = (10071, 10164)
+
+_BUCKET_RE = re.compile(r"[a-zA-Z0-9_-]+")
+_KEY_TOKEN_RE = re.compile(r"[-/_=a-zA-Z0-9]+")
+_CURRENT_SEQ_RE = re.compile(r"wrong last sequence: (\d+)")
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+class KeyValueError(JetStreamError):
+    """Base of the Key-Value errors."""
+
+
+class InvalidBucketName(KeyValueError, ValueError):
+    """A bucket name outside ADR-8's ``[a-zA-Z0-9_-]+``."""
+
+
+class InvalidKey(KeyValueError, ValueError):
+    """A key (or key pattern) that breaks ADR-8's rules; the message says which."""
+
+
+class BucketNotFound(KeyValueError):
+    """No stream ``KV_<bucket>`` (or one that is not a Key-Value bucket)."""
+
+
+class BucketExists(KeyValueError):
+    """Creating a bucket that exists with another configuration (the server's 10058)."""
+
+
+class KeyNotFound(KeyValueError):
+    """The key has no value: never written, removed by history or TTL limits, or its last
+    entry is a delete or purge marker (then ``entry`` is that marker)."""
+
+    def __init__(self, bucket: str, key: str, entry: Entry | None = None, *, why: str = "") -> None:
+        if why:
+            reason = why
+        elif entry is not None:
+            reason = f"deleted ({entry.operation.value} at revision {entry.revision})"
+        else:
+            reason = "no such key"
+        super().__init__(f"key {key!r} not found in bucket {bucket!r}: {reason}")
+        self.bucket = bucket
+        self.key = key
+        self.entry = entry
+
+
+class WrongRevision(KeyValueError):
+    """A conditional write was refused: the key's last revision is not ``expected``.
+
+    Raised when the server answers ``Nats-Expected-Last-Subject-Sequence`` with err_code 10071
+    or 10164. ``current`` is the key's last revision when the server said it (10071's "wrong
+    last sequence: N"; 0 means the key has no message), else ``None``. Nothing was written:
+    read the key again and retry with its revision.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        key: str,
+        expected: int,
+        current: int | None,
+        message: str | None = None,
+    ) -> None:
+        now = f"it is at revision {current}" if current is not None else "it has moved on"
+        super().__init__(
+            message
+            or f"key {key!r} in bucket {bucket!r} is not at revision {expected} ({now}): read "
+            "it again and retry with its current revision"
+        )
+        self.bucket = bucket
+        self.key = key
+        self.expected = expected
+        self.current = current
+
+
+class KeyExists(WrongRevision):
+    """:meth:`KeyValue.create` found a value (not a delete or purge marker) for the key.
+
+    A :class:`WrongRevision` with ``expected`` 0, so a compare-and-set loop that catches
+    :class:`WrongRevision` covers creates too.
+    """
+
+    def __init__(self, bucket: str, key: str, current: int | None) -> None:
+        at = f" at revision {current}" if current is not None else ""
+        super().__init__(
+            bucket,
+            key,
+            0,
+            current,
+            f"key {key!r} already exists in bucket {bucket!r}{at}: update() it with its "
+            "revision, or delete it first",
+        )
+
+
+# -- names and keys -------------------------------------------------------------------------------
+
+
+def check_bucket_name(bucket: str) -> str:
+    """``bucket`` if it is a valid bucket name, else :class:`InvalidBucketName`."""
+    if not isinstance(bucket, str) or not _BUCKET_RE.fullmatch(bucket):
+        raise InvalidBucketName(
+            f"invalid bucket name {bucket!r}: use letters, digits, '_' and '-' only"
+        )
+    return bucket
+
+
+def check_key(key: str) -> str:
+    """``key`` if it may be written or read: tokens of ``[-/_=a-zA-Z0-9]`` separated by
+    single dots (so no leading, trailing or double dot, and no wildcard); else
+    :class:`InvalidKey`."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"invalid key {key!r}: a key must be a non-empty string")
+    for token in key.split("."):
+        if not token:
+            raise InvalidKey(
+                f"invalid key {key!r}: it must not start or end with '.', nor contain '..'"
+            )
+        if not _KEY_TOKEN_RE.fullmatch(token):
+            what = "wildcards are only for watch()" if token in ("*", ">") else "characters"
+            raise InvalidKey(
+                f"invalid key {key!r}: use letters, digits and '-/_=' in dot-separated "
+                f"tokens ({what})"
+            )
+    return key
+
+
+def check_key_pattern(pattern: str) -> str:
+    """``pattern`` if it may filter a watch: a key whose tokens may also be ``*`` (one token)
+    or, last, ``>`` (the rest); else :class:`InvalidKey`."""
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidKey(f"invalid key pattern {pattern!r}: it must be a non-empty string")
+    tokens = pattern.split(".")
+    for i, token in enumerate(tokens):
+        if token == "*" or (token == ">" and i == len(tokens) - 1):
+            continue
+        if not token:
+            raise InvalidKey(
+                f"invalid key pattern {pattern!r}: it must not start or end with '.', nor "
+                "contain '..'"
+            )
+        if not _KEY_TOKEN_RE.fullmatch(token):
+            raise InvalidKey(
+                f"invalid key pattern {pattern!r}: tokens are letters, digits and '-/_=', "
+                "or a whole-token '*', or a final '>'"
+            )
+    return pattern
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+class Operation(enum.StrEnum):
+    """What an entry records: a value, a delete marker or a purge marker."""
+
+    PUT = "PUT"
+    DEL = "DEL"
+    PURGE = "PURGE"
+
+
+def operation_of(headers: Headers | None) -> Operation:
+    """The operation a stored message stands for (ADR-8 "Retrieving Values").
+
+    Any ``KV-Operation`` value means the key was removed (``PURGE`` a purge, anything else a
+    delete); without one, a server-placed ``Nats-Marker-Reason`` does the same (``MaxAge`` and
+    ``Purge`` a purge, ``Remove`` or an unknown reason a delete).
+    """
+    if not headers:
+        return Operation.PUT
+    op = headers.get(KV_OPERATION)
+    if op:
+        return Operation.PURGE if op == Operation.PURGE.value else Operation.DEL
+    reason = headers.get(MARKER_REASON)
+    if reason:
+        return Operation.PURGE if reason in ("MaxAge", "Purge") else Operation.DEL
+    return Operation.PUT
+
+
+@attrs.frozen(kw_only=True)
+class Entry:
+    """One revision of a key: its value (empty for markers), when it was stored, and what it
+    records. ``delta`` is how many messages the watch still had to deliver after this one
+    (0 for the latest; 0 from ``get``)."""
+
+    bucket: str
+    key: str
+    value: bytes = attrs.field(repr=False)
+    revision: int
+    created: dt.datetime
+    delta: int = 0
+    operation: Operation = Operation.PUT
+
+
+@attrs.frozen(kw_only=True)
+class KeyValueConfig:
+    """A bucket's configuration; ``create_key_value`` turns it into the stream of ADR-8.
+
+    ``history`` is how many revisions each key keeps (1 to 64); ``ttl`` (seconds, the stream's
+    ``max_age``) how long any revision is kept; ``max_value_size`` and ``max_bytes`` cap one
+    value and the whole bucket; ``None`` leaves a limit unset.
+    """
+
+    bucket: str = attrs.field(validator=lambda _i, _a, v: check_bucket_name(v))
+    description: str | None = None
+    history: int = attrs.field(default=1)
+    ttl: float | None = attrs.field(default=None)
+    max_value_size: int | None = None
+    max_bytes: int | None = None
+    storage: StorageType = StorageType.FILE
+    replicas: int = 1
+    compression: bool = False
+    metadata: dict[str, str] | None = attrs.field(default=None, hash=False)
+
+    @history.validator
+    def _check_history(self, _attr: attrs.Attribute[Any], value: int) -> None:
+        if not 1 <= value <= MAX_HISTORY:
+            raise ValueError(f"history must be 1 to {MAX_HISTORY} revisions per key, not {value}")
+
+    @ttl.validator
+    def _check_ttl(self, _attr: attrs.Attribute[Any], value: float | None) -> None:
+        if value is not None and value < 0:
+            raise ValueError(
+                f"ttl must not be negative (seconds; None or 0: no limit), not {value}"
+            )
+
+    def stream_config(self) -> StreamConfig:
+        """The stream of this bucket, per ADR-8 "Buckets"."""
+        ttl = self.ttl or None
+        return StreamConfig(
+            name=STREAM_PREFIX + self.bucket,
+            description=self.description,
+            subjects=[f"{SUBJECT_PREFIX}.{self.bucket}.>"],
+            max_msgs_per_subject=self.history,
+            max_age=ttl,
+            duplicate_window=min(ttl, MAX_DUPLICATE_WINDOW) if ttl else None,
+            max_msg_size=self.max_value_size,
+            max_bytes=self.max_bytes,
+            storage=self.storage,
+            num_replicas=self.replicas,
+            discard=DiscardPolicy.NEW,
+            allow_rollup_hdrs=True,
+            deny_delete=True,
+            allow_direct=True,
+            compression=Compression.S2 if self.compression else None,
+            metadata=dict(self.metadata) if self.metadata else None,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class KeyValueStatus:
+    """A bucket's state (ADR-8 ``Status``); ``stream_info`` has the rest."""
+
+    bucket: str
+    values: int
+    history: int
+    ttl: float | None
+    bytes: int
+    is_compressed: bool
+    metadata: dict[str, str] = attrs.field(hash=False)
+    stream_info: StreamInfo = attrs.field(repr=False, eq=False, hash=False)
+    backing_store: str = "JetStream"
+
+
+# -- bucket management ----------------------------------------------------------------------------
+
+
+async def create_key_value(js: JetStream, config: KeyValueConfig) -> KeyValue:
+    """Create the bucket (idempotent for the same configuration) and return its handle.
+
+    :class:`BucketExists` if it exists with another configuration.
+    """
+    stream = config.stream_config()
+    try:
+        info = await js.add_stream(stream)
+    except StreamAlreadyExists as exc:
+        raise BucketExists(
+            f"bucket {config.bucket!r} exists with another configuration: bind to it with "
+            "key_value(), or delete it first"
+        ) from exc
+    return KeyValue(js, config.bucket, direct=bool(info.config.allow_direct))
+
+
+async def key_value(js: JetStream, bucket: str) -> KeyValue:
+    """A handle on the existing bucket ``bucket``; :class:`BucketNotFound` if there is none."""
+    check_bucket_name(bucket)
+    stream = STREAM_PREFIX + bucket
+    try:
+        info = await js.stream_info(stream)
+    except StreamNotFound as exc:
+        raise BucketNotFound(
+            f"bucket {bucket!r} not found (no stream {stream!r}): create it with create_key_value()"
+        ) from exc
+    if (info.config.max_msgs_per_subject or 0) < 1:
+        raise BucketNotFound(
+            f"stream {stream!r} is not a Key-Value bucket (it has no max_msgs_per_subject); "
+            "use another bucket name"
+        )
+    return KeyValue(js, bucket, direct=bool(info.config.allow_direct))
+
+
+async def delete_key_value(js: JetStream, bucket: str) -> None:
+    """Delete the bucket and everything in it; :class:`BucketNotFound` if there is none."""
+    check_bucket_name(bucket)
+    try:
+        await js.delete_stream(STREAM_PREFIX + bucket)
+    except StreamNotFound as exc:
+        raise BucketNotFound(f"bucket {bucket!r} not found: nothing to delete") from exc
+
+
+# -- the bucket -----------------------------------------------------------------------------------
+
+
+class KeyValue:
+    """A handle on one bucket; made by :func:`create_key_value` or :func:`key_value`.
+
+    ``direct`` says whether reads use Direct Get (every bucket made here has it; legacy
+    buckets without ``allow_direct`` are read through the stream leader).
+    """
+
+    def __init__(self, js: JetStream, bucket: str, *, direct: bool = True) -> None:
+        self.js = js
+        self.bucket = check_bucket_name(bucket)
+        self.stream = STREAM_PREFIX + bucket
+        self.prefix = f"{SUBJECT_PREFIX}.{bucket}."
+        self.direct = direct
+
+    def __repr__(self) -> str:
+        return f"<KeyValue {self.bucket}>"
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    async def get(self, key: str, revision: int | None = None) -> Entry:
+        """The key's current value, or the value at ``revision``.
+
+        :class:`KeyNotFound` when there is none: never written, gone (history, TTL), or the
+        entry is a delete or purge marker (``KeyNotFound.entry``), or ``revision`` belongs to
+        another key.
+        """
+        entry = await self._load(check_key(key), revision)
+        if entry.operation is not Operation.PUT:
+            raise KeyNotFound(self.bucket, key, entry)
+        return entry
+
+    async def _load(self, key: str, revision: int | None = None) -> Entry:
+        """The last entry of ``key`` (or the one at ``revision``), markers included."""
+        subject = self.prefix + key
+        if revision is not None and revision < 1:
+            raise ValueError(f"revisions start at 1, not {revision}")
+        last_by = subject if revision is None else None
+        try:
+            msg = await self._read(revision, last_by)
+        except MessageNotFound:
+            why = f"no revision {revision}" if revision is not None else ""
+            raise KeyNotFound(self.bucket, key, why=why) from None
+        if msg.subject != subject:
+            raise KeyNotFound(self.bucket, key, why=f"revision {revision} belongs to another key")
+        return self._stored_entry(key, msg)
+
+    async def _read(self, seq: int | None, last_by_subject: str | None) -> StoredMessage:
+        """Direct Get, or the leader's message get when there is no Direct Get responder: a
+        legacy bucket, or one just created whose replicas' responders have not reached this
+        connection's server yet (they follow the stream's creation asynchronously)."""
+        if self.direct:
+            try:
+                return await self.js.direct_get(self.stream, seq, last_by_subject=last_by_subject)
+            except JetStreamUnavailable:
+                pass
+        try:
+            return await self.js.get_msg(self.stream, seq, last_by_subject=last_by_subject)
+        except StreamNotFound as exc:
+            raise BucketNotFound(
+                f"bucket {self.bucket!r} does not exist (any more): create it again with "
+                "create_key_value()"
+            ) from exc
+
+    def _stored_entry(self, key: str, msg: StoredMessage) -> Entry:
+        if msg.time is None:
+            raise DecodeError(f"the stored message {msg.seq} of {self.stream} has no time")
+        return Entry(
+            bucket=self.bucket,
+            key=key,
+            value=msg.data,
+            revision=msg.seq,
+            created=msg.time,
+            operation=operation_of(msg.headers),
+        )
+
+    async def history(self, key: str) -> list[Entry]:
+        """Every revision the bucket still has of ``key``, oldest first, markers included
+        (empty if it has none)."""
+        check_key(key)
+        async with self.watch(key, include_history=True) as watcher:
+            return [entry async for entry in watcher.initial()]
+
+    async def keys(self, keys: str | Sequence[str] = ">") -> list[str]:
+        """The keys that have a value (not a delete or purge marker), matching ``keys``."""
+        async with self.watch(keys, ignore_deletes=True, meta_only=True) as watcher:
+            return [entry.key async for entry in watcher.initial()]
+
+    async def status(self) -> KeyValueStatus:
+        info = await self.js.stream_info(self.stream)
+        cfg = info.config
+        return KeyValueStatus(
+            bucket=self.bucket,
+            values=info.state.messages,
+            history=cfg.max_msgs_per_subject or 0,
+            ttl=cfg.max_age or None,
+            bytes=info.state.bytes,
+            is_compressed=cfg.compression is Compression.S2,
+            metadata=dict(cfg.metadata or {}),
+            stream_info=info,
+        )
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    async def _publish(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> int:
+        try:
+            ack = await self.js.publish(
+                self.prefix + key,
+                value,
+                headers=headers,
+                expected_last_subject_seq=expected,
+            )
+        except NoStreamForSubject as exc:
+            raise BucketNotFound(
+                f"no stream captures the subjects of bucket {self.bucket!r}: it does not exist "
+                "(any more), or, just created in a cluster, is not known to this server yet"
+            ) from exc
+        except JetStreamAPIError as exc:
+            if expected is None or exc.err_code not in WRONG_LAST_SEQUENCE_CODES:
+                raise
+            found = _CURRENT_SEQ_RE.search(exc.description)
+            current = int(found.group(1)) if found else None
+            raise WrongRevision(self.bucket, key, expected, current) from exc
+        return ack.seq
+
+    async def put(self, key: str, value: bytes) -> int:
+        """Set ``key`` to ``value`` whatever it was; its new revision."""
+        return await self._publish(check_key(key), value)
+
+    async def update(self, key: str, value: bytes, last_revision: int) -> int:
+        """Set ``key`` only if its last revision is ``last_revision``; its new revision.
+
+        :class:`WrongRevision` if the key moved on (or was deleted) since that revision.
+        ``last_revision`` 0 means "the key has no message at all"; to write a key that may
+        have a delete marker, use :meth:`create`.
+        """
+        if last_revision < 0:
+            raise ValueError(f"a revision is 0 or more, not {last_revision}")
+        return await self._publish(check_key(key), value, expected=last_revision)
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Set ``key`` only if it has no value; its new revision.
+
+        First conditional on the key having no message. If it has one and the last is a delete
+        or purge marker, the key has no value: the write is retried conditional on that
+        marker's revision (ADR-8), and again on a newer marker if the key was deleted once more
+        meanwhile. Of several racing creates exactly one succeeds; the others get
+        :class:`KeyExists` (a :class:`WrongRevision`). ``KeyExists`` can also mean that another
+        conditional write on the key was in flight, or that a lagging replica answered the
+        read; never that a value was overwritten.
+        """
+        check_key(key)
+        expected = 0
+        refused: WrongRevision | None = None
+        for _ in range(CREATE_ATTEMPTS):
+            try:
+                return await self._publish(key, value, expected=expected)
+            except WrongRevision as exc:
+                refused = exc
+            try:
+                last: Entry | None = await self._load(key)
+            except KeyNotFound:
+                last = None  # no message any more: the stream was purged meanwhile
+            if last is not None and last.operation is Operation.PUT:
+                raise KeyExists(self.bucket, key, last.revision) from None
+            marker = last.revision if last is not None else 0
+            if marker == expected:
+                break  # the state we were just refused on: a write in flight, or a stale read
+            expected = marker
+        raise KeyExists(self.bucket, key, refused.current if refused else None) from None
+
+    async def delete(self, key: str, last_revision: int | None = None) -> int:
+        """Mark ``key`` deleted, keeping its history (a ``KV-Operation: DEL`` entry); the
+        marker's revision. With ``last_revision``, only if that is the key's last revision
+        (:class:`WrongRevision` otherwise)."""
+        return await self._publish(
+            check_key(key), b"", expected=last_revision, headers={KV_OPERATION: "DEL"}
+        )
+
+    async def purge(self, key: str, last_revision: int | None = None) -> int:
+        """Remove ``key`` and its history, leaving one ``KV-Operation: PURGE`` entry (rolled up
+        with ``Nats-Rollup: sub``); the marker's revision. ``last_revision`` as for
+        :meth:`delete`."""
+        return await self._publish(
+            check_key(key),
+            b"",
+            expected=last_revision,
+            headers={KV_OPERATION: "PURGE", ROLLUP: "sub"},
+        )
+
+    # -- watching ---------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def watch(
+        self,
+        keys: str | Sequence[str] = ">",
+        *,
+        include_history: bool = False,
+        ignore_deletes: bool = False,
+        updates_only: bool = False,
+        meta_only: bool = False,
+    ) -> AsyncIterator[KeyWatcher]:
+        """Watch the keys matching ``keys`` (a key, a pattern with ``*`` / ``>``, or several;
+        ``">"`` or ``""`` is the whole bucket) for the block's duration.
+
+        The watcher first delivers the initial data: the last entry of each matching key
+        (every entry the bucket keeps with ``include_history``; nothing with
+        ``updates_only``), then every later change, markers included unless
+        ``ignore_deletes``. ``meta_only`` leaves the values out. See :class:`KeyWatcher` for
+        how the end of the initial data is signalled. An ordered consumer (ADR-17) carries it,
+        so a lost consumer is replaced without a gap or a repeat.
+        """
+        if include_history and updates_only:
+            raise ValueError("include_history and updates_only exclude each other")
+        patterns = [keys] if isinstance(keys, str) else list(keys)
+        if not patterns:
+            raise InvalidKey("give at least one key or pattern to watch")
+        subjects = [self.prefix + check_key_pattern(p or ">") for p in patterns]
+        if include_history:
+            policy = DeliverPolicy.ALL
+        elif updates_only:
+            policy = DeliverPolicy.NEW
+        else:
+            policy = DeliverPolicy.LAST_PER_SUBJECT
+        config = ConsumerConfig(
+            deliver_policy=policy,
+            headers_only=True if meta_only else None,
+            filter_subjects=subjects if len(subjects) > 1 else None,
+        )
+        async with self.js.subscribe(
+            subjects[0] if len(subjects) == 1 else None,
+            stream=self.stream,
+            ordered=True,
+            config=config,
+        ) as sub:
+            # What the consumer had to deliver when it was made; none (or updates only)
+            # means the initial data is complete before anything arrives (ADR-8).
+            empty = updates_only or sub.info.num_pending == 0
+            yield KeyWatcher(self, sub, ignore_deletes=ignore_deletes, initial_done=empty)
+
+
+class KeyWatcher:
+    """The entries of a watch; made by :meth:`KeyValue.watch`.
+
+    ``async for entry in watcher`` gives every entry, initial data then updates, until the
+    watch block ends. The end of the initial data (ADR-8's "End Of Initial Data" signal) is
+    not an item in that iteration; it is observable two ways:
+
+    - ``async for entry in watcher.initial()`` gives the initial entries and then stops (at
+      once if there are none); iterating the watcher afterwards gives the updates;
+    - :attr:`initial_done` turns true once the initial data is complete: after the last
+      initial entry is returned, or from the start if there is none. (With ``ignore_deletes``
+      the last initial message may be a skipped marker, so only ``initial()`` is sure to stop
+      there.)
+    """
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        sub: PushSubscription,
+        *,
+        ignore_deletes: bool,
+        initial_done: bool,
+    ) -> None:
+        self.kv = kv
+        self._sub = sub
+        self._ignore_deletes = ignore_deletes
+        self._initial_done = initial_done
+        self._marker_given = False
+
+    def __repr__(self) -> str:
+        return f"<KeyWatcher {self.kv.bucket} initial_done={self._initial_done}>"
+
+    @property
+    def initial_done(self) -> bool:
+        return self._initial_done
+
+    def initial(self) -> _InitialEntries:
+        """The initial entries; the iteration ends where the initial data ends."""
+        return _InitialEntries(self)
+
+    def __aiter__(self) -> KeyWatcher:
+        return self
+
+    async def __anext__(self) -> Entry:
+        while True:
+            item = await self._next()
+            if item is not None:
+                return item
+
+    async def _next(self) -> Entry | None:
+        """The next entry, or ``None`` once, in order, where the initial data ends."""
+        if self._initial_done and not self._marker_given:
+            self._marker_given = True
+            return None
+        while True:
+            msg: JsMsg = await anext(self._sub)
+            meta = msg.metadata
+            if meta.num_pending == 0:
+                self._initial_done = True
+            entry = Entry(
+                bucket=self.kv.bucket,
+                key=msg.subject[len(self.kv.prefix) :],
+                value=msg.data,
+                revision=meta.stream_seq,
+                created=meta.timestamp,
+                delta=meta.num_pending,
+                operation=operation_of(msg.headers),
+            )
+            if self._ignore_deletes and entry.operation is not Operation.PUT:
+                if self._initial_done and not self._marker_given:
+                    self._marker_given = True
+                    return None
+                continue
+            return entry
+
+
+class _InitialEntries:
+    """Iterates a watcher up to the end of its initial data."""
+
+    def __init__(self, watcher: KeyWatcher) -> None:
+        self._watcher = watcher
+
+    def __aiter__(self) -> _InitialEntries:
+        return self
+
+    async def __anext__(self) -> Entry:
+        watcher = self._watcher
+        if watcher._marker_given:
+            raise StopAsyncIteration
+        item = await watcher._next()
+        if item is None:
+            raise StopAsyncIteration
+        return item
