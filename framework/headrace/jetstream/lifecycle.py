@@ -23,6 +23,7 @@ delete. A deletion failure during a drain is reported as a :class:`ConsumerDelet
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,7 @@ import attrs
 import trio
 
 from headrace.actors.actor import Actor, ActorState
+from headrace.errors import NatsError
 from headrace.jetstream.errors import ConsumerNotFound, JetStreamError
 from headrace.jetstream.events import ConsumerDeleteFailed, JetStreamEvent
 from headrace.jetstream.message import OutstandingAcks
@@ -97,11 +99,30 @@ class ConsumerLifecycle(Actor[_End]):
             return False
         if self.queue is None:
             return True
-        try:
-            info = await self.js.consumer_info(self.stream, self.consumer)
-        except ConsumerNotFound:
-            return False
-        return not info.push_bound
+        return not await self._other_members_bound()
+
+    async def _other_members_bound(self) -> bool:
+        """Whether the queue group's consumer still has interest once ours is gone.
+
+        The server updates ``push_bound`` shortly after it processes our UNSUB, not with it, so
+        a "bound" answer is checked again a few times over about half a second before it is
+        believed. Another member joining meanwhile is seen as bound, which keeps the consumer:
+        the safe side of the race.
+        """
+        with contextlib.suppress(NatsError):
+            await self.js.nc.flush()
+        wait = 0.02
+        for attempt in range(6):
+            try:
+                info = await self.js.consumer_info(self.stream, self.consumer)
+            except ConsumerNotFound:
+                return False
+            if not info.push_bound:
+                return False
+            if attempt < 5:
+                await trio.sleep(wait)
+                wait *= 2
+        return True
 
     async def end(self, *, drain: bool, timeout: float = math.inf) -> None:
         """Ask the actor to end the subscription; returns when done (raises what unsubscribe

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from headrace.errors import SubscriptionClosedError
+from headrace.errors import ConnectionLostError, NatsTimeoutError, SubscriptionClosedError
 from headrace.jetstream.consumer_config import (
     AckPolicy,
     ConsumerConfig,
     ConsumerInfo,
     DeliverPolicy,
 )
-from headrace.jetstream.errors import JetStreamError, SubscribeError
+from headrace.jetstream.errors import JetStreamError, JetStreamUnavailable, SubscribeError
 from headrace.jetstream.events import ConsumerRecreated, HeartbeatsMissed
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.message import JsMsg
@@ -166,7 +166,7 @@ class OrderedSubscription(PushSubscription):
 
     def _on_heartbeat_alarm(self, alarm: HeartbeatsMissed) -> None:
         self._reset_reason = self._reset_reason or "heartbeats missed"
-        self._queue.put_nowait([])  # wake a waiting reader
+        self._queue.interrupt()  # wake a waiting reader: it recreates the consumer
 
     async def _take(self, max_msgs: int | None) -> list[JsMsg]:
         nc = self._nc
@@ -226,9 +226,18 @@ class OrderedSubscription(PushSubscription):
             pass  # already gone, or unreachable: an ephemeral expires on its own
         start = self.last_stream_seq + 1
         inlet = Inlet()
-        sub, info = await self._make_consumer(
-            self.js, self.stream, self._subject, self._config, inlet, start_seq=start
-        )
+        wait = 0.25
+        while True:
+            try:
+                sub, info = await self._make_consumer(
+                    self.js, self.stream, self._subject, self._config, inlet, start_seq=start
+                )
+                break
+            except (JetStreamUnavailable, NatsTimeoutError, ConnectionLostError):
+                # JetStream not reachable yet (a restart, an election): keep trying (ADR-17
+                # wants the subscription to recover, not to fail), with a growing pause.
+                await trio.sleep(wait)
+                wait = min(wait * 2, 2.0)
         self.info = info
         self.consumer = info.name
         self.lifecycle.consumer = info.name

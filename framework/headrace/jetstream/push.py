@@ -201,6 +201,11 @@ class PushSubscription:
                         meta = jm.metadata
                         seqs.append((meta.consumer_seq, meta.stream_seq))
                     continue
+                if seqs:
+                    # What came before this status is observed first: a heartbeat's
+                    # Nats-Last-Consumer counts the messages ahead of it in this batch.
+                    self._observe(Observed(seqs))
+                    seqs = []
                 self._on_status(msg)
             if seqs:
                 self._observe(Observed(seqs))

@@ -25,7 +25,7 @@ subclasses) whose message says what to do:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -138,12 +138,23 @@ def check_existing(
         if name in _NOT_DRIFT:
             continue
         actual = getattr(cc, name)
-        if actual != wanted:
+        if not _same(name, wanted, actual):
             raise ConsumerConfigMismatch(
                 f"{where} exists with {name}={actual!r}, not {wanted!r}: subscribing cannot "
                 "change an existing consumer (only its deliver subject); update it, or use "
                 "another consumer"
             )
+
+
+def _same(name: str, wanted: Any, actual: Any) -> bool:
+    """Whether a value the user set matches the server's, allowing for how the server reports
+    configs: it omits false, zero and empty values, and adds its own ``_nats.*`` metadata."""
+    if name == "metadata" and isinstance(wanted, dict):
+        have = actual or {}
+        return all(have.get(k) == v for k, v in wanted.items())
+    if actual is None:
+        return not wanted
+    return bool(actual == wanted)
 
 
 async def _lookup(js: JetStream, stream: str, name: str | None) -> ConsumerInfo | None:

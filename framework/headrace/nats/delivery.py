@@ -49,6 +49,7 @@ class DeliveryQueue:
         "_closed",
         "_error",
         "_getters",
+        "_interrupted",
         "_items",
         "_putters",
         "dropped",
@@ -69,6 +70,7 @@ class DeliveryQueue:
         self._putters = trio.lowlevel.ParkingLot()
         self._closed = False
         self._error: BaseException | None = None
+        self._interrupted = False
         self.dropped = 0
 
     @property
@@ -143,11 +145,21 @@ class DeliveryQueue:
             self._putters.unpark_all()
         return msg
 
+    def interrupt(self) -> None:
+        """Make a waiting (or the next) :meth:`get_batch` return an empty list at once, so its
+        caller can act on something other than messages."""
+        self._interrupted = True
+        self._getters.unpark_all()
+
     async def get_batch(self, max_msgs: int | None = None) -> list[Msg]:
-        """Every buffered message (up to ``max_msgs``), waiting for at least one."""
+        """Every buffered message (up to ``max_msgs``), waiting for at least one; an empty list
+        after :meth:`interrupt`."""
         while not self._items:
             if self._closed:
                 self._end()
+            if self._interrupted:
+                self._interrupted = False
+                return []
             await self._getters.park()
         items = self._items
         if max_msgs is None or max_msgs >= len(items):
