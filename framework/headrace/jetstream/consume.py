@@ -20,7 +20,8 @@ is not terminal: it is reported as an event, the pending counts are reset and a 
 sent, which is how a consume survives a consumer leader change that lost its waiting requests.
 
 Statuses (ADR-37): 100 is a heartbeat; 404, 408, 409 size, 423 end a request quietly; the
-``Exceeded Max*`` 409s are reported as warnings; 409 Consumer Deleted, 409 Consumer is push
+``Exceeded Max*`` 409s are reported as warnings and the next request waits a quarter second
+(the server would refuse it the same way at once); 409 Consumer Deleted, 409 Consumer is push
 based, 400 and unknown statuses end the consume with a typed error after the buffered messages
 are read. A 503 (nothing serves the pull API, as while a server restarts) is reported and the
 pull retried after a delay, so a consume never stalls on it. Every terminating status with
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_MESSAGES = 1000
 NO_RESPONDERS_RETRY = 1.0
+#: Pause before pulling again after a warning status: the server answers the next request the
+#: same way at once (409 Exceeded MaxWaiting, say), so re-pulling at once would spin.
+WARNING_RETRY = 0.25
 
 
 def _positive_int(_inst: object, attr: attrs.Attribute[Any], value: int | None) -> None:
@@ -306,13 +310,19 @@ class ConsumeBuffer(Actor[_Control]):
             return
         if kind is StatusKind.WARNING:
             self._hub.emit(PullWarning(self.consumer.name, status, description))
-        elif kind is StatusKind.NO_RESPONDERS:
+            self._retry_later(WARNING_RETRY)
+            return
+        if kind is StatusKind.NO_RESPONDERS:
             self._hub.emit(PullWarning(self.consumer.name, status, description or "No Responders"))
             self._reset_pending()
-            self._retry_at = trio.current_time() + NO_RESPONDERS_RETRY
-            self.tell(_Retry())  # wake the control loop, which pulls at _retry_at
+            self._retry_later(NO_RESPONDERS_RETRY)
             return
         self._pull()
+
+    def _retry_later(self, delay: float) -> None:
+        """No request before ``delay`` seconds from now; the control loop pulls then."""
+        self._retry_at = trio.current_time() + delay
+        self.tell(_Retry())  # wake the control loop so it recomputes its deadline
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
@@ -365,6 +375,9 @@ class ConsumeBuffer(Actor[_Control]):
                 continue
             now = trio.current_time()
             if self._retry_at is not None and now >= self._retry_at:
+                # Cleared here, not by _pull: while pulling is paused _pull returns early, and
+                # a retry time left in the past would make this loop spin.
+                self._retry_at = None
                 self._pull()
             elif self._pulling and self._outstanding() and now - self._last_activity >= alarm_after:
                 self._hub.emit(HeartbeatsMissed(self.consumer.name, now - self._last_activity))
