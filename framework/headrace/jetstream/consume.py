@@ -37,9 +37,10 @@ import attrs
 import trio
 
 from headrace.actors.actor import Actor, ActorState
-from headrace.errors import SubscriptionClosedError
+from headrace.errors import NatsError, SubscriptionClosedError
+from headrace.jetstream.errors import ConsumerDeleted, ConsumerNotFound, JetStreamError
 from headrace.jetstream.events import HeartbeatsMissed, PullWarning
-from headrace.jetstream.message import JsMsg
+from headrace.jetstream.message import JsMsg, wire_size
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, pending_counts, status_error
 from headrace.nats.events import Connected, Disconnected, EventHub, EventWatcher, Reconnected
@@ -134,16 +135,6 @@ class _Retry:
 _Control = Connected | Disconnected | Reconnected | _Retry
 
 
-def _size(msg: Msg) -> int:
-    raw = msg.raw_headers
-    return (
-        len(msg.subject)
-        + len(msg.reply or "")
-        + (len(raw) if raw is not None else 0)
-        + len(msg.data)
-    )
-
-
 class ConsumeBuffer(Actor[_Control]):
     """The consume buffer actor of one :meth:`PullConsumer.consume` call (see module docs)."""
 
@@ -167,7 +158,8 @@ class ConsumeBuffer(Actor[_Control]):
         self._ended = False  # no more messages will be added
         self._pulling = True  # False while disconnected, draining or stopped
         self._last_activity = 0.0
-        self._retry_at: float | None = None  # after a 503: no request before this time
+        self._retry_at: float | None = None  # after a 503 or a warning: no request before
+        self._check_exists = False  # after a 503: does the consumer still exist?
         self._hub: EventHub[ConsumeEvent] = EventHub()
         self._sub: Any = None
         self.requests_sent = 0
@@ -215,7 +207,7 @@ class ConsumeBuffer(Actor[_Control]):
         else:
             taken = [buf.popleft() for _ in range(max_msgs)]
         if self.options.bytes_mode:
-            size = sum(map(_size, taken))
+            size = sum(map(wire_size, taken))
             self._buffered_bytes -= size
             self.pending_bytes -= size
         else:
@@ -230,13 +222,18 @@ class ConsumeBuffer(Actor[_Control]):
 
     def _pull(self) -> None:
         """Publish a pull request for what is missing, if the threshold has been reached."""
-        if not self._pulling or self._ended:
+        if not self._pulling or self._ended or not self._nc.is_connected:
+            # (is_connected too: the Disconnected event reaches this actor a moment late, and a
+            # request queued meanwhile would go out next to the reconnect's own.)
             return
         if self._retry_at is not None:
             if trio.current_time() < self._retry_at:
                 return
             self._retry_at = None
         opts = self.options
+        # Whether the server owed us anything before this request: if not, the heartbeat
+        # clock starts with it (taken before the pending counts grow, or it is always true).
+        owed = self._outstanding()
         if opts.bytes_mode:
             assert opts.max_bytes is not None
             if self.pending_bytes > opts.threshold:
@@ -259,8 +256,7 @@ class ConsumeBuffer(Actor[_Control]):
                 return
             request = PullRequest(batch=want, expires=opts.expires, idle_heartbeat=opts.heartbeat)
             self.pending_msgs += want
-        if not self._outstanding():
-            # Nothing was owed before this request: the heartbeat clock starts now.
+        if not owed:
             self._last_activity = trio.current_time()
         self._nc.publish_nowait(self._next_subject, request.encode(), self.inbox_subject)
         self.requests_sent += 1
@@ -287,7 +283,7 @@ class ConsumeBuffer(Actor[_Control]):
             if msg.reply is not None:
                 buf.append(msg)
                 if bytes_mode:
-                    self._buffered_bytes += _size(msg)
+                    self._buffered_bytes += wire_size(msg)
                 added = True
             else:
                 self._on_status(msg)
@@ -308,6 +304,12 @@ class ConsumeBuffer(Actor[_Control]):
         if kind is StatusKind.ERROR:
             self._fail(status_error(status, description))
             return
+        if kind is StatusKind.RESET:
+            # The consumer's leader moved: waiting requests are gone. Count only what we hold
+            # and ask the new leader at once (waiting for a heartbeat alarm would stall).
+            self._reset_pending()
+            self._pull()
+            return
         if kind is StatusKind.WARNING:
             self._hub.emit(PullWarning(self.consumer.name, status, description))
             self._retry_later(WARNING_RETRY)
@@ -315,6 +317,7 @@ class ConsumeBuffer(Actor[_Control]):
         if kind is StatusKind.NO_RESPONDERS:
             self._hub.emit(PullWarning(self.consumer.name, status, description or "No Responders"))
             self._reset_pending()
+            self._check_exists = True
             self._retry_later(NO_RESPONDERS_RETRY)
             return
         self._pull()
@@ -378,11 +381,35 @@ class ConsumeBuffer(Actor[_Control]):
                 # Cleared here, not by _pull: while pulling is paused _pull returns early, and
                 # a retry time left in the past would make this loop spin.
                 self._retry_at = None
+                if self._check_exists:
+                    self._check_exists = False
+                    if await self._consumer_gone():
+                        return
                 self._pull()
             elif self._pulling and self._outstanding() and now - self._last_activity >= alarm_after:
                 self._hub.emit(HeartbeatsMissed(self.consumer.name, now - self._last_activity))
                 self._reset_pending()
                 self._pull()
+
+    async def _consumer_gone(self) -> bool:
+        """After a 503: a deleted consumer gets no responder for its pull requests either, and
+        retrying would wait forever. Ask; end the consume if it is gone. Anything else (no
+        JetStream yet, a timeout) means: keep retrying."""
+        try:
+            await self.consumer.info()
+        except ConsumerNotFound as exc:
+            self._fail(
+                ConsumerDeleted(
+                    404,
+                    exc.description,
+                    f"consumer {self.consumer.name!r} on stream {self.consumer.stream!r} no "
+                    "longer exists",
+                )
+            )
+            return True
+        except (JetStreamError, NatsError):
+            pass
+        return False
 
     def _on_control(self, message: _Control) -> None:
         if isinstance(message, Disconnected):

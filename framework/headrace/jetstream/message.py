@@ -34,6 +34,24 @@ TERM = b"+TERM"
 WPI = b"+WPI"
 
 
+def _utf8_len(text: str) -> int:
+    # isascii() is a flag check in CPython, so the common case costs no encoding.
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def wire_size(msg: Msg) -> int:
+    """A message's size as the server counts it for ``max_bytes`` (ADR-37): subject, reply,
+    header block and payload, in bytes (the server's consumer.go sums exactly these)."""
+    raw = msg.raw_headers
+    reply = msg.reply
+    return (
+        _utf8_len(msg.subject)
+        + (_utf8_len(reply) if reply else 0)
+        + (len(raw) if raw is not None else 0)
+        + len(msg.data)
+    )
+
+
 class OutstandingAcks:
     """Counts messages handed to the user and not yet terminally acked, so that a drain can
     wait for them (up to its deadline) before deleting the consumer."""
@@ -102,14 +120,7 @@ class JsMsg:
     def size(self) -> int:
         """Bytes as the server counts them for ``max_bytes`` (ADR-37): subject, reply,
         headers and payload."""
-        msg = self.msg
-        raw = msg.raw_headers
-        return (
-            len(msg.subject)
-            + len(msg.reply or "")
-            + (len(raw) if raw is not None else 0)
-            + len(msg.data)
-        )
+        return wire_size(self.msg)
 
     @property
     def metadata(self) -> AckMetadata:

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from headrace.actors.nursery import open_actor_nursery
-from headrace.errors import NoRespondersError
+from headrace.errors import NatsError, NoRespondersError
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeOptions
 from headrace.jetstream.consumer_config import AckPolicy, ConsumerInfo
-from headrace.jetstream.message import JsMsg, OutstandingAcks
+from headrace.jetstream.errors import ConsumerNotFound, JetStreamError, JetStreamUnavailable
+from headrace.jetstream.message import JsMsg, OutstandingAcks, wire_size
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, status_error
 from headrace.protocol.events import Msg
@@ -29,16 +30,6 @@ if TYPE_CHECKING:
 #: Extra time the client waits beyond a request's ``expires`` for the server's 408.
 CLIENT_MARGIN = 1.0
 DEFAULT_FETCH_EXPIRES = 30.0
-
-
-def _size(msg: Msg) -> int:
-    raw = msg.raw_headers
-    return (
-        len(msg.subject)
-        + len(msg.reply or "")
-        + (len(raw) if raw is not None else 0)
-        + len(msg.data)
-    )
 
 
 class PullConsumer:
@@ -121,7 +112,7 @@ class PullConsumer:
                 if msg.reply is not None:
                     got.append(msg)
                     if max_bytes is not None:
-                        state["bytes"] += _size(msg)
+                        state["bytes"] += wire_size(msg)
                         if state["bytes"] >= max_bytes:
                             done.set()
                     elif len(got) >= request.batch:
@@ -137,7 +128,7 @@ class PullConsumer:
                     state["error"] = status_error(status, msg.description)
                 elif kind is StatusKind.NO_RESPONDERS:
                     state["error"] = NoRespondersError(self._next_subject)
-                done.set()
+                done.set()  # any other status ends this request (RESET included)
 
         sub = nc.subscribe_nowait(inbox, handler=on_batch)
         try:
@@ -153,11 +144,28 @@ class PullConsumer:
                 await sub.unsubscribe()
         error = state["error"]
         if error is not None and not got:
+            if isinstance(error, NoRespondersError):
+                raise await self._explain_no_responders(error)
             raise error
         ack_none, tracker = self.ack_none, self.tracker
         if tracker is not None and not ack_none:
             tracker.delivered(len(got))
         return [JsMsg(m, nc, ack_none=ack_none, tracker=tracker) for m in got]
+
+    async def _explain_no_responders(self, error: NoRespondersError) -> BaseException:
+        """A pull nobody answered: say whether the consumer is gone or JetStream is not there."""
+        try:
+            await self.info()
+        except ConsumerNotFound as exc:
+            exc.__cause__ = error
+            return exc
+        except (JetStreamError, NatsError) as exc:
+            exc.__cause__ = error
+            return exc
+        return JetStreamUnavailable(
+            f"nothing served the pull request for consumer {self.name!r} on stream "
+            f"{self.stream!r} although it exists: JetStream may be electing a leader; retry"
+        )
 
     async def _wait_with_heartbeats(
         self, done: trio.Event, state: dict[str, Any], idle_heartbeat: float

@@ -17,6 +17,7 @@ class StatusKind(enum.Enum):
     FINISHED = "finished"  # the request ended quietly (404, 408, 409 size, 423): not telegraphed
     WARNING = "warning"  # the request ended; tell the user (409 Exceeded Max*, unknown 409s)
     NO_RESPONDERS = "no responders"  # 503: nothing serves the pull API right now
+    RESET = "reset"  # 409 Leadership Change: waiting requests were lost; ask the new leader
     ERROR = "error"  # terminal: 400, 409 Consumer Deleted, 409 Consumer is push based, unknown
 
 
@@ -31,6 +32,8 @@ def classify(status: int, description: str) -> StatusKind:
             return StatusKind.ERROR
         if "message size exceeds maxbytes" in lower:
             return StatusKind.FINISHED
+        if "leadership change" in lower:
+            return StatusKind.RESET
         return StatusKind.WARNING
     if status == 503:
         return StatusKind.NO_RESPONDERS

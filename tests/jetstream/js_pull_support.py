@@ -1,0 +1,412 @@
+"""Helpers for the pull consumer tests (``test_js_pull*.py``, ``test_js_consume*.py``).
+
+- :func:`setup_pull`: a stream and a pull consumer on a real server.
+- :class:`ProbeBuffer`: the real consume buffer with a notification on every change, installed
+  with :func:`use_probe`, so tests wait for a buffer state as an event instead of sleeping.
+- :class:`FakeJetStream`: a scripted server that speaks just enough of the protocol for a pull
+  consumer, for exact status sequences a real server does not produce on demand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from headrace.jetstream import (
+    AckPolicy,
+    ConsumeBuffer,
+    ConsumerConfig,
+    ConsumerInfo,
+    JetStream,
+    PullConsumer,
+    StreamConfig,
+)
+from headrace.jetstream import pull_consumer as pull_consumer_module
+from headrace.nats import EventWatcher
+from headrace.protocol.events import Msg
+
+E = TypeVar("E")
+
+#: Quick reconnects, as in tests/connection.
+FAST: dict[str, Any] = {"reconnect_wait": 0.05, "reconnect_wait_max": 0.2, "connect_timeout": 2}
+
+
+async def next_event(watcher: EventWatcher[Any], kind: type[E], timeout: float = 10) -> E:
+    """The next event of ``kind`` (earlier events of other kinds are skipped)."""
+    with trio.fail_after(timeout):
+        while True:
+            event = await watcher.receive()
+            if isinstance(event, kind):
+                return event
+
+
+class EventLog:
+    """Records every event of a watcher (run :meth:`run` in a nursery); waits are events."""
+
+    def __init__(self, watcher: EventWatcher[Any]) -> None:
+        self.watcher = watcher
+        self.events: list[tuple[float, Any]] = []
+        self._changed = trio.Event()
+
+    async def run(self) -> None:
+        async for event in self.watcher:
+            self.events.append((trio.current_time(), event))
+            self._changed.set()
+            self._changed = trio.Event()
+
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for _, e in self.events if isinstance(e, kind)]
+
+    def times(self, kind: type[Any]) -> list[float]:
+        return [t for t, e in self.events if isinstance(e, kind)]
+
+    async def wait_for(self, kind: type[E], count: int = 1, timeout: float = 5) -> E:
+        with trio.fail_after(timeout):
+            while len(self.of(kind)) < count:
+                await self._changed.wait()
+        return self.of(kind)[count - 1]
+
+
+async def setup_pull(
+    js: JetStream,
+    *,
+    stream: str = "S",
+    subjects: tuple[str, ...] = ("s.>",),
+    consumer: str = "C",
+    stream_kwargs: dict[str, Any] | None = None,
+    **config: Any,
+) -> PullConsumer:
+    """Create ``stream`` (if needed) and a durable explicit-ack pull consumer on it."""
+    try:
+        await js.stream_info(stream)
+    except Exception:
+        await js.add_stream(
+            StreamConfig(name=stream, subjects=list(subjects), **(stream_kwargs or {}))
+        )
+    config.setdefault("ack_policy", AckPolicy.EXPLICIT)
+    await js.create_consumer(stream, ConsumerConfig(durable_name=consumer, **config))
+    return await js.pull_consumer(stream, consumer)
+
+
+async def publish_n(
+    js: JetStream, n: int, subject: str = "s.x", payload: bytes = b"", start: int = 0
+) -> list[int]:
+    """Publish ``n`` messages whose data is their index (plus ``payload``); their stream seqs."""
+    seqs = []
+    for i in range(start, start + n):
+        ack = await js.publish(subject, b"%d" % i + payload)
+        seqs.append(ack.seq)
+    return seqs
+
+
+async def settle(timeout: float = 2) -> None:
+    """Until every task is blocked (events already emitted have reached their watchers)."""
+    with trio.fail_after(timeout):
+        await trio.testing.wait_all_tasks_blocked()
+
+
+def seq_of(msg: Any) -> int:
+    return int(msg.metadata.stream_seq)
+
+
+async def natspy_publish(natspy: Any, n: int, subject: str = "s.x", start: int = 0) -> None:
+    """Publish ``n`` messages (data: their index) through nats-py, the independent peer."""
+
+    async def go() -> None:
+        js = natspy.nc.jetstream()
+        for i in range(start, start + n):
+            await js.publish(subject, b"%d" % i)
+
+    await natspy.call(go)
+
+
+async def consumer_state(natspy: Any, stream: str = "S", name: str = "C") -> Any:
+    """Consumer info as nats-py (the independent peer) reads it."""
+
+    async def info() -> Any:
+        return await natspy.nc.jetstream().consumer_info(stream, name)
+
+    return await natspy.call(info)
+
+
+async def poll_consumer(
+    natspy: Any,
+    predicate: Callable[[Any], bool],
+    stream: str = "S",
+    name: str = "C",
+    timeout: float = 5.0,
+) -> Any:
+    """Consumer info once ``predicate(info)`` holds. Server-side state has no event to wait
+    for, so this polls (briefly) under a time limit."""
+    with trio.fail_after(timeout):
+        while True:
+            info = await consumer_state(natspy, stream, name)
+            if predicate(info):
+                return info
+            await trio.sleep(0.02)
+
+
+# -- the probing consume buffer ---------------------------------------------------------------
+
+
+class ProbeBuffer(ConsumeBuffer):
+    """The real :class:`ConsumeBuffer`, plus a change notification and a record of what it saw.
+
+    Every message batch from the server and every pull request attempt notifies waiters, and
+    the maxima of the buffered and pending counts are kept (memory bound checks).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._changed = trio.Event()
+        self.max_buffered = 0
+        self.max_pending_msgs = 0
+        self.max_pending_bytes = 0
+        self.max_buffered_bytes = 0
+        self.statuses: list[tuple[int, str]] = []
+        self.user_msgs = 0
+
+    def _note(self) -> None:
+        self.max_buffered = max(self.max_buffered, self.buffered)
+        self.max_pending_msgs = max(self.max_pending_msgs, self.pending_msgs)
+        self.max_pending_bytes = max(self.max_pending_bytes, self.pending_bytes)
+        self.max_buffered_bytes = max(self.max_buffered_bytes, self._buffered_bytes)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _on_batch(self, batch: list[Msg]) -> None:
+        for msg in batch:
+            if msg.reply is None and msg.status is not None:
+                self.statuses.append((msg.status, msg.description))
+            elif msg.reply is not None:
+                self.user_msgs += 1
+        super()._on_batch(batch)
+        self._note()
+
+    def _pull(self) -> None:
+        super()._pull()
+        self._note()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 5) -> None:
+        with trio.fail_after(timeout):
+            while not predicate():
+                await self._changed.wait()
+
+
+def use_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``PullConsumer.consume`` build :class:`ProbeBuffer` instead of ConsumeBuffer."""
+    monkeypatch.setattr(pull_consumer_module, "ConsumeBuffer", ProbeBuffer)
+
+
+# -- the scripted server ----------------------------------------------------------------------
+
+FAKE_INFO = (
+    b'INFO {"server_id":"FAKEJS","server_name":"fakejs","version":"2.10.0","headers":true,'
+    b'"max_payload":1048576,"proto":1}\r\n'
+)
+
+
+@attrs.define
+class PullReq:
+    """One pull request as the fake server received it."""
+
+    conn: int
+    subject: str
+    reply: str
+    body: dict[str, Any]
+    at: float
+
+    @property
+    def batch(self) -> int:
+        return int(self.body.get("batch", 1))
+
+    @property
+    def max_bytes(self) -> int | None:
+        return self.body.get("max_bytes")
+
+
+class FakeJetStream:
+    """A server for one pull consumer ``S``/``C``, driven by the test.
+
+    It records pull requests (:attr:`requests`) and acks, answers PINGs, and sends what the
+    test tells it to: user messages and status messages on a request's inbox. Connections
+    after the first can be held back (:attr:`handshake_delay`) to make an outage of a chosen
+    length; :meth:`drop` closes the current connection.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[PullReq] = []
+        self.acks: list[str] = []
+        self.sids: dict[str, int] = {}
+        self.connections = 0
+        self.handshake_delay = 0.0
+        self.stream_seq = 0
+        #: Whether CONSUMER.INFO finds the consumer (the client asks after a 503).
+        self.consumer_exists = True
+        self.info_requests = 0
+        self._stream: trio.SocketStream | None = None
+        self._lock = trio.Lock()
+        self._changed = trio.Event()
+
+    # -- serving --------------------------------------------------------------------------
+
+    async def start(self, nursery: trio.Nursery) -> str:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, self._handle, listeners)
+        return f"nats://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 5) -> None:
+        with trio.fail_after(timeout):
+            while not predicate():
+                await self._changed.wait()
+
+    async def request(self, index: int, timeout: float = 5) -> PullReq:
+        """The ``index``-th pull request (0-based), waiting for it."""
+        await self.wait_until(lambda: len(self.requests) > index, timeout)
+        return self.requests[index]
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        n = self.connections
+        self.connections += 1
+        if n > 0 and self.handshake_delay:
+            await trio.sleep(self.handshake_delay)  # the outage: this connection waits
+        try:
+            await stream.send_all(FAKE_INFO)
+            self._stream = stream
+            self.sids = {}
+            self._notify()
+            buf = b""
+            while True:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                buf = await self._process(stream, n, buf + chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            if self._stream is stream:
+                self._stream = None
+            self._notify()
+
+    async def _process(self, stream: trio.SocketStream, n: int, buf: bytes) -> bytes:
+        while True:
+            eol = buf.find(b"\r\n")
+            if eol < 0:
+                return buf
+            line = buf[:eol]
+            parts = line.split()
+            op = parts[0].upper() if parts else b""
+            if op in (b"PUB", b"HPUB"):
+                size = int(parts[-1])
+                end = eol + 2 + size
+                if len(buf) < end + 2:
+                    return buf
+                payload = buf[eol + 2 : end]
+                buf = buf[end + 2 :]
+                if op == b"HPUB":
+                    payload = payload[int(parts[-2]) :]
+                    reply = parts[2].decode() if len(parts) == 5 else None
+                else:
+                    reply = parts[2].decode() if len(parts) == 4 else None
+                answer = self._on_pub(n, parts[1].decode(), reply, payload)
+                if answer is not None:
+                    async with self._lock:
+                        await stream.send_all(answer)
+                continue
+            buf = buf[eol + 2 :]
+            if op == b"PING":
+                async with self._lock:
+                    await stream.send_all(b"PONG\r\n")
+            elif op == b"SUB":
+                self.sids[parts[1].decode()] = int(parts[-1])
+                self._notify()
+            elif op == b"UNSUB":
+                sid = int(parts[1])
+                for subject, known in list(self.sids.items()):
+                    if known == sid:
+                        del self.sids[subject]
+                self._notify()
+
+    def _on_pub(self, n: int, subject: str, reply: str | None, payload: bytes) -> bytes | None:
+        answer = None
+        if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
+            body = json.loads(payload) if payload else {}
+            assert reply is not None
+            self.requests.append(PullReq(n, subject, reply, body, trio.current_time()))
+        elif subject.startswith("$JS.ACK."):
+            self.acks.append(subject)
+        elif subject == "$JS.API.CONSUMER.INFO.S.C" and reply is not None:
+            self.info_requests += 1
+            answer = self._reply(reply, self._consumer_info())
+        self._notify()
+        return answer
+
+    def _consumer_info(self) -> bytes:
+        if not self.consumer_exists:
+            error = {"code": 404, "err_code": 10014, "description": "consumer not found"}
+            return json.dumps({"error": error}).encode()
+        config = {"durable_name": "C", "ack_policy": "explicit"}
+        return json.dumps({"stream_name": "S", "name": "C", "config": config}).encode()
+
+    def _reply(self, reply: str, data: bytes) -> bytes | None:
+        """A MSG to ``reply`` on whichever subscription covers it (the request inbox is a
+        wildcard subscription)."""
+        for subject, sid in self.sids.items():
+            if subject == reply or (subject.endswith(".*") and reply.startswith(subject[:-1])):
+                return f"MSG {reply} {sid} {len(data)}\r\n".encode() + data + b"\r\n"
+        return None
+
+    # -- sending --------------------------------------------------------------------------
+
+    async def send(self, data: bytes) -> None:
+        stream = self._stream
+        assert stream is not None, "no client connected"
+        async with self._lock:
+            await stream.send_all(data)
+
+    def user_msg(self, req: PullReq, data: bytes = b"x", subject: str = "s.x") -> bytes:
+        """A user message for ``req``, with the next stream sequence."""
+        self.stream_seq += 1
+        seq = self.stream_seq
+        reply = f"$JS.ACK.S.C.1.{seq}.{seq}.1700000000000000000.0"
+        sid = self.sids[req.reply]
+        return f"MSG {subject} {sid} {reply} {len(data)}\r\n".encode() + data + b"\r\n"
+
+    def status(
+        self, req: PullReq, code: int, description: str = "", headers: dict[str, Any] | None = None
+    ) -> bytes:
+        head = f"NATS/1.0 {code}" + (f" {description}" if description else "") + "\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()) + "\r\n"
+        sid = self.sids[req.reply]
+        raw = head.encode()
+        return f"HMSG {req.reply} {sid} {len(raw)} {len(raw)}\r\n".encode() + raw + b"\r\n"
+
+    async def send_msgs(self, req: PullReq, count: int, data: bytes = b"x") -> None:
+        await self.send(b"".join(self.user_msg(req, data) for _ in range(count)))
+
+    async def send_status(
+        self, req: PullReq, code: int, description: str = "", **headers: Any
+    ) -> None:
+        hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
+        await self.send(self.status(req, code, description, hdrs))
+
+    async def drop(self) -> None:
+        stream = self._stream
+        assert stream is not None
+        self._stream = None
+        await stream.aclose()
+
+
+def fake_consumer(js: JetStream) -> PullConsumer:
+    """A handle on the fake server's pull consumer, without a CONSUMER.INFO request."""
+    info = ConsumerInfo(stream_name="S", name="C", config=ConsumerConfig(durable_name="C"))
+    return PullConsumer(js, "S", "C", info)
