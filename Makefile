@@ -30,8 +30,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+## Same-run comparisons with the peers (bench/README.md). The consume benchmark's --anchors
+## builds libnats (apt-get install libnats-dev) and installs nats.js (npm) as `make anchors` does.
 bench: $(STAMP)
 	$(BIN)/headrace bench core
+	$(BIN)/headrace bench consume --anchors
 
 ## The peers' own figures on this machine (nats-py, nats.js, libnats), for context.
 anchors: $(STAMP)

@@ -13,15 +13,31 @@ from headrace._version import __version__
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from headrace.localserver import LocalServerError
+
+    if args.anchors and args.what != "consume":
+        print("headrace bench: --anchors applies to `bench consume` only", file=sys.stderr)
+        return 2
     if args.what == "core":
         from headrace.benchmarks import core
-        from headrace.localserver import LocalServerError
 
         try:
             core.run(args.messages, args.payload, list(core.IMPLS), args.json)
         except LocalServerError as exc:
             print(f"headrace bench: {exc}", file=sys.stderr)
             return 2
+    elif args.what == "consume":
+        from headrace.benchmarks import consume
+
+        try:
+            results = consume.run(
+                args.messages, args.payload, anchors=args.anchors, as_json=args.json
+            )
+        except (LocalServerError, consume.BenchmarkError) as exc:
+            print(f"headrace bench: {exc}", file=sys.stderr)
+            return 2
+        if any(r["impl"] == "headrace" and "error" in r for r in results):
+            return 1  # headrace failed a correctness check: no figure to trust
     return 0
 
 
@@ -45,11 +61,25 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     bench.add_argument(
-        "what", choices=["core"], help="core: core NATS subscriber throughput vs nats-py"
+        "what",
+        choices=["core", "consume"],
+        help=(
+            "core: core NATS subscriber throughput vs nats-py; consume: JetStream consume "
+            "throughput (ack none and ack every message) vs nats-py fetch"
+        ),
     )
     bench.add_argument("--messages", type=int, default=200_000, help="default: 200000")
     bench.add_argument("--payload", type=int, default=128, help="bytes per message (128)")
     bench.add_argument("--json", action="store_true", help="one JSON object per line")
+    bench.add_argument(
+        "--anchors",
+        action="store_true",
+        help=(
+            "consume only: also run the peer anchors (libnats, nats.js) from ../shared/anchors "
+            "against the same stream; may apt-get install libnats-dev and npm install nats@2 "
+            "(off by default: it installs software and needs the network)"
+        ),
+    )
     bench.set_defaults(func=_bench)
     return parser
 
