@@ -20,11 +20,11 @@ demo: $(STAMP)
 
 ## The whole test suite: real nats-server processes, fuzzing, slow tests included.
 test: $(STAMP)
-	$(BIN)/pytest
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
 
 ## The fast set, for the edit-test loop (under a minute).
 fast: $(STAMP)
-	HYPOTHESIS_PROFILE=dev $(BIN)/pytest -q -m "not slow and not spark"
+	$(BIN)/pytest -q -m "not slow and not spark"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -346,10 +346,17 @@ def bad_frame_after_publish(frame: bytes) -> Session:
     """First connection: send ``frame`` once the client publishes; later ones: stay quiet."""
 
     async def session(stream: trio.SocketStream, n: int, rest: bytes) -> None:
-        if n == 0 and await read_until(stream, rest, b"PUB ") is not None:
-            await stream.send_all(frame)
-        while await stream.receive_some(65536):
-            pass
+        if n == 0:
+            if await read_until(stream, rest, b"PUB ") is not None:
+                await stream.send_all(frame)
+            while await stream.receive_some(65536):
+                pass
+            return
+        # Later connections answer PINGs, so that closing the client (a final flush) is quick.
+        data = rest
+        while (got := await read_until(stream, data, b"PING\r\n")) is not None:
+            data = got.partition(b"PING\r\n")[2]
+            await stream.send_all(b"PONG\r\n")
 
     return session
 

@@ -31,7 +31,11 @@ def _bench(args: argparse.Namespace) -> int:
 
         try:
             results = consume.run(
-                args.messages, args.payload, anchors=args.anchors, as_json=args.json
+                args.messages,
+                args.payload,
+                anchors=args.anchors,
+                as_json=args.json,
+                buffer=args.buffer or consume.HEADRACE_BUFFER,
             )
         except (LocalServerError, consume.BenchmarkError) as exc:
             print(f"headrace bench: {exc}", file=sys.stderr)
@@ -79,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
             "against the same stream; may apt-get install libnats-dev and npm install nats@2 "
             "(off by default: it installs software and needs the network)"
         ),
+    )
+    bench.add_argument(
+        "--buffer",
+        type=int,
+        default=None,
+        help="consume only: headrace's consume max_messages (default 10000; see bench/README.md)",
     )
     bench.set_defaults(func=_bench)
     return parser

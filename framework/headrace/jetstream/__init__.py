@@ -72,7 +72,7 @@ from headrace.jetstream.kv import (
 from headrace.jetstream.kv import Entry as KeyValueEntry
 from headrace.jetstream.kv import Operation as KeyValueOperation
 from headrace.jetstream.lifecycle import DeletePolicy
-from headrace.jetstream.message import JsMsg
+from headrace.jetstream.message import JsMsg, ack_all
 from headrace.jetstream.ordered import OrderedSubscription
 from headrace.jetstream.pull_consumer import PullConsumer
 from headrace.jetstream.pull_request import PullRequest
@@ -165,6 +165,7 @@ __all__ = [
     "WrongLastMsgId",
     "WrongLastSequence",
     "WrongRevision",
+    "ack_all",
     "create_key_value",
     "delete_key_value",
     "key_value",

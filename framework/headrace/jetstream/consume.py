@@ -212,23 +212,28 @@ class ConsumeBuffer(Actor[_Control]):
             self.pending_bytes -= size
         else:
             self.pending_msgs -= len(taken)
-        self._pull()
+        if self._pull():
+            # Let the writer send the request now: otherwise it waits in the outbound buffer
+            # until this task next yields, after the user has processed the whole batch, and
+            # the next take waits for the network. Shielded: the batch is already taken.
+            await trio.lowlevel.cancel_shielded_checkpoint()
         nc, ack_none, tracker = self._nc, self._ack_none, self.consumer.tracker
         if tracker is not None and not ack_none:
             tracker.delivered(len(taken))
-        return [JsMsg(m, nc, ack_none=ack_none, tracker=tracker) for m in taken]
+        return [JsMsg(m, nc, ack_none, tracker) for m in taken]
 
     # -- requests -----------------------------------------------------------------------------
 
-    def _pull(self) -> None:
-        """Publish a pull request for what is missing, if the threshold has been reached."""
+    def _pull(self) -> bool:
+        """Publish a pull request for what is missing, if the threshold has been reached;
+        return whether one was sent."""
         if not self._pulling or self._ended or not self._nc.is_connected:
             # (is_connected too: the Disconnected event reaches this actor a moment late, and a
             # request queued meanwhile would go out next to the reconnect's own.)
-            return
+            return False
         if self._retry_at is not None:
             if trio.current_time() < self._retry_at:
-                return
+                return False
             self._retry_at = None
         opts = self.options
         # Whether the server owed us anything before this request: if not, the heartbeat
@@ -237,10 +242,10 @@ class ConsumeBuffer(Actor[_Control]):
         if opts.bytes_mode:
             assert opts.max_bytes is not None
             if self.pending_bytes > opts.threshold:
-                return
+                return False
             want = opts.max_bytes - self.pending_bytes
             if want <= 0:
-                return
+                return False
             request = PullRequest(
                 batch=BYTES_MODE_BATCH,
                 max_bytes=want,
@@ -250,16 +255,17 @@ class ConsumeBuffer(Actor[_Control]):
             self.pending_bytes += want
         else:
             if self.pending_msgs > opts.threshold:
-                return
+                return False
             want = opts.buffer_messages - self.pending_msgs
             if want <= 0:
-                return
+                return False
             request = PullRequest(batch=want, expires=opts.expires, idle_heartbeat=opts.heartbeat)
             self.pending_msgs += want
         if not owed:
             self._last_activity = trio.current_time()
         self._nc.publish_nowait(self._next_subject, request.encode(), self.inbox_subject)
         self.requests_sent += 1
+        return True
 
     def _outstanding(self) -> bool:
         """Whether the server still owes us messages (the heartbeat timer runs only then)."""

@@ -52,6 +52,38 @@ def wire_size(msg: Msg) -> int:
     )
 
 
+def ack_all(messages: list[JsMsg]) -> int:
+    """Acknowledge every message of ``messages`` not acked yet, in one write; return how many
+    acks were queued.
+
+    The batch form of :meth:`JsMsg.ack`: the acks are encoded with one join and queued with one
+    call, a fraction of the per-message cost. The same rules apply: acked messages and those of
+    an ack-policy-none consumer are skipped; nothing is marked acked unless queuing succeeded.
+    """
+    pending = [m for m in messages if not (m._acked or m._ack_none)]
+    if not pending:
+        return 0
+    replies = []
+    for m in pending:
+        reply = m.msg.reply
+        if reply is None:
+            raise NotAJetStreamMessage(f"{m!r} cannot be acknowledged: it has no reply")
+        replies.append(reply)
+    encoded = ("PUB " + " 4\r\n+ACK\r\nPUB ".join(replies) + " 4\r\n+ACK\r\n").encode()
+    conn = pending[0]._conn
+    if any(m._conn is not conn for m in pending):
+        for m in pending:  # messages of several connections: each to its own
+            m.ack_nowait()
+        return len(pending)
+    conn.write_nowait(encoded, len(pending))
+    for m in pending:
+        m._acked = True
+        tracker = m._tracker
+        if tracker is not None:
+            tracker.acked()
+    return len(pending)
+
+
 class OutstandingAcks:
     """Counts messages handed to the user and not yet terminally acked, so that a drain can
     wait for them (up to its deadline) before deleting the consumer."""
@@ -84,7 +116,6 @@ class JsMsg:
         self,
         msg: Msg,
         conn: Connection,
-        *,
         ack_none: bool = False,
         tracker: OutstandingAcks | None = None,
     ) -> None:

@@ -150,7 +150,7 @@ class PullConsumer:
         ack_none, tracker = self.ack_none, self.tracker
         if tracker is not None and not ack_none:
             tracker.delivered(len(got))
-        return [JsMsg(m, nc, ack_none=ack_none, tracker=tracker) for m in got]
+        return [JsMsg(m, nc, ack_none, tracker) for m in got]
 
     async def _explain_no_responders(self, error: NoRespondersError) -> BaseException:
         """A pull nobody answered: say whether the consumer is gone or JetStream is not there."""

@@ -195,7 +195,7 @@ class PushSubscription:
             for msg in batch:
                 reply = msg.reply
                 if reply is not None and reply.startswith(ACK_PREFIX):
-                    jm = JsMsg(msg, nc, ack_none=ack_none, tracker=tracker)
+                    jm = JsMsg(msg, nc, ack_none, tracker)
                     out.append(jm)
                     if seqs is not None:
                         meta = jm.metadata

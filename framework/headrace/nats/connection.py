@@ -263,6 +263,14 @@ class Connection:
         self._out.put_nowait(encode_pub(subject, data, reply, check=False))
         self.stats.out_msgs += 1
 
+    def write_nowait(self, encoded: bytes, messages: int) -> None:
+        """Queue ``messages`` already encoded PUB commands, like :meth:`publish_nowait` (no
+        validation, reconnect bound honoured). For callers that encode a whole batch at once,
+        such as acking a batch of JetStream messages."""
+        self._check_open()
+        self._out.put_nowait(encoded)
+        self.stats.out_msgs += messages
+
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until the server has processed everything queued before this call.
 

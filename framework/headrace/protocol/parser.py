@@ -145,10 +145,27 @@ class ProtocolParser:
                     f"protocol line of {eol - pos} bytes exceeds {max_line}: "
                     f"{buf[pos : pos + 64]!r}"
                 )
-            op = buf[pos : pos + 4]
-            if op == b"MSG ":
+            if buf.startswith(b"MSG ", pos):
+                # The fast path: a well-formed MSG, all checks in one condition. Anything else
+                # (a short buffer, a bad number, no reply) takes the general path below, which
+                # decides what it is and raises the precise error.
+                args = buf[pos + 4 : eol].split()
+                if len(args) == 4:
+                    subject, sid, reply_b, size_b = args
+                    if size_b.isdigit() and sid.isdigit():
+                        size = int(size_b)
+                        end = eol + 2 + size
+                        # startswith is False past the end: this checks the length too.
+                        if size <= max_payload and buf.startswith(b"\r\n", end):
+                            append(
+                                Msg(
+                                    subject.decode(), int(sid), reply_b.decode(), buf[eol + 2 : end]
+                                )
+                            )
+                            pos = end + 2
+                            continue
                 kind = _MSG
-            elif op == b"HMSG":
+            elif buf.startswith(b"HMSG", pos):
                 kind = _HMSG if buf[pos + 4 : pos + 5] in (b" ", b"\t") else _classify(buf[pos:eol])
             else:
                 kind = _classify(buf[pos:eol])
