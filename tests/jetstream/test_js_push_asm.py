@@ -591,3 +591,71 @@ async def test_error_status_on_a_push_subscription_is_raised():
                 await sub.next_msg(timeout=5)
             assert caught.value.status == 409
         nursery.cancel_scope.cancel()
+
+
+# -- purged streams ---------------------------------------------------------------------------
+
+
+async def test_purge_is_not_a_gap_but_lost_deliveries_after_it_are(js):
+    """A purge removes messages not yet delivered: stream sequences jump, consumer sequences
+    do not (they count deliveries), so the gap detector stays quiet. Deliveries lost after the
+    purge are still caught."""
+    cfg = ConsumerConfig(max_ack_pending=5, idle_heartbeat=0.1)
+    async with js.subscribe("s.x", config=cfg, max_pending_msgs=10) as sub:
+        with sub.events() as events:
+            await publish_fast(js, 50)
+            first = await sub.next_batch(5)
+            while len(first) < 5:
+                first += await sub.next_batch(5 - len(first))
+            assert [m.metadata.consumer_seq for m in first] == [1, 2, 3, 4, 5]
+            assert await js.purge_stream("S") == 50  # 45 of them never delivered
+            for msg in first:
+                await msg.ack()
+            for i in range(3):
+                await js.publish("s.x", b"after-%d" % i)
+            after = []
+            while len(after) < 3:
+                after += await sub.next_batch()
+            metas = [m.metadata for m in after]
+            assert [m.consumer_seq for m in metas] == [6, 7, 8]
+            assert [m.stream_seq for m in metas] == [51, 52, 53]
+            for msg in after:
+                await msg.ack()
+            # Heartbeats follow (Nats-Last-Stream 53, Nats-Last-Consumer 8): still no gap.
+            await no_event(events, GapDetected, 0.5)
+            assert sub.gaps is not None and sub.gaps.gaps == 0
+            assert sub.gaps.last_consumer == 8
+    # Lost deliveries on a purged stream are still gaps.
+    cfg = ConsumerConfig(ack_policy=AckPolicy.NONE)
+    async with js.subscribe("s.x", config=cfg, max_pending_msgs=10) as sub:
+        with sub.events() as events:
+            for i in range(199):
+                await js.nc.publish("s.x", b"%d" % i)
+            assert (await js.publish("s.x", b"199")).seq == 253  # 3 after the purge, 200 more
+            await next_event(events, MessagesDropped)
+            await wait_delivered(js, sub.consumer, 203)  # 3 after the purge, then 200
+            kept = await sub.next_batch()
+            await js.publish("s.x", b"last")
+            while True:
+                msg = await sub.next_msg(timeout=5)
+                if msg.data == b"last":
+                    break
+            gap = await next_event(events, GapDetected)
+            assert gap.last == kept[-1].metadata.consumer_seq and gap.received == 204
+
+
+async def test_ordered_consumer_reads_across_a_purge_in_order(js):
+    async with js.subscribe("s.x", ordered=True) as sub:
+        await publish_fast(js, 20)
+        seen = []
+        while len(seen) < 20:
+            seen += [m.metadata.stream_seq for m in await sub.next_batch()]
+        assert seen == list(range(1, 21))
+        await js.purge_stream("S")
+        for i in range(5):
+            await js.publish("s.x", b"%d" % i)
+        after = []
+        while len(after) < 5:
+            after += [m.metadata.stream_seq for m in await sub.next_batch()]
+        assert after == [21, 22, 23, 24, 25]
+        assert sub.recreated == 0  # a purge is not a gap: the same consumer goes on
