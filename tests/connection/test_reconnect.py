@@ -23,7 +23,6 @@ from headrace.errors import (
 from headrace.nats import (
     Closed,
     Disconnected,
-    EventWatcher,
     LameDuck,
     Reconnected,
     ServersDiscovered,
@@ -31,20 +30,9 @@ from headrace.nats import (
     connect,
 )
 from servers import NatsCluster, user_password_auth
+from waiting import FAST, next_event
 
 E = TypeVar("E")
-
-FAST = {"reconnect_wait": 0.05, "reconnect_wait_max": 0.2, "connect_timeout": 2}
-
-
-async def next_event(watcher: EventWatcher, kind: type[E], timeout: float = 15) -> E:
-    """The next event of ``kind`` (earlier events of other kinds are skipped)."""
-    with trio.fail_after(timeout):
-        while True:
-            event = await watcher.receive()
-            if isinstance(event, kind):
-                return event
-
 
 async def test_server_restart_resubscribes_and_loses_nothing_accepted(nats_server):
     """Publish and subscribe on one connection while the server restarts: every message whose

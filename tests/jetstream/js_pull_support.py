@@ -27,51 +27,11 @@ from headrace.jetstream import (
     StreamConfig,
 )
 from headrace.jetstream import pull_consumer as pull_consumer_module
-from headrace.nats import EventWatcher
 from headrace.protocol.events import Msg
 
 E = TypeVar("E")
 
 #: Quick reconnects, as in tests/connection.
-FAST: dict[str, Any] = {"reconnect_wait": 0.05, "reconnect_wait_max": 0.2, "connect_timeout": 2}
-
-
-async def next_event(watcher: EventWatcher[Any], kind: type[E], timeout: float = 10) -> E:
-    """The next event of ``kind`` (earlier events of other kinds are skipped)."""
-    with trio.fail_after(timeout):
-        while True:
-            event = await watcher.receive()
-            if isinstance(event, kind):
-                return event
-
-
-class EventLog:
-    """Records every event of a watcher (run :meth:`run` in a nursery); waits are events."""
-
-    def __init__(self, watcher: EventWatcher[Any]) -> None:
-        self.watcher = watcher
-        self.events: list[tuple[float, Any]] = []
-        self._changed = trio.Event()
-
-    async def run(self) -> None:
-        async for event in self.watcher:
-            self.events.append((trio.current_time(), event))
-            self._changed.set()
-            self._changed = trio.Event()
-
-    def of(self, kind: type[E]) -> list[E]:
-        return [e for _, e in self.events if isinstance(e, kind)]
-
-    def times(self, kind: type[Any]) -> list[float]:
-        return [t for t, e in self.events if isinstance(e, kind)]
-
-    async def wait_for(self, kind: type[E], count: int = 1, timeout: float = 5) -> E:
-        with trio.fail_after(timeout):
-            while len(self.of(kind)) < count:
-                await self._changed.wait()
-        return self.of(kind)[count - 1]
-
-
 async def setup_pull(
     js: JetStream,
     *,

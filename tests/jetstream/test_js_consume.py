@@ -13,8 +13,6 @@ from headrace.errors import SubscriptionClosedError
 from headrace.jetstream import ConsumerDeleted, HeartbeatsMissed, JetStream, PullWarning
 from headrace.nats import connect
 from js_pull_support import (
-    FAST,
-    EventLog,
     consumer_state,
     natspy_publish,
     poll_consumer,
@@ -23,6 +21,7 @@ from js_pull_support import (
     setup_pull,
     use_probe,
 )
+from waiting import FAST, EventLog
 
 HEARTBEAT = (100, "Idle Heartbeat")
 

@@ -23,6 +23,7 @@ from headrace.jetstream import (
 )
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.nats import EventWatcher, connect
+from waiting import next_event
 
 
 @pytest.fixture
@@ -43,14 +44,6 @@ async def read(sub: Any, count: int) -> list[Any]:
         while len(got) < count:
             got += await sub.next_batch(count - len(got))
     return got
-
-
-async def next_event(watcher: EventWatcher[Any], kind: type[Any], timeout: float = 5) -> Any:
-    with trio.fail_after(timeout):
-        while True:
-            event = await watcher.receive()
-            if isinstance(event, kind):
-                return event
 
 
 async def peer_js(natspy, url: str) -> Any:

@@ -19,10 +19,10 @@ from headrace.jetstream import (
     StreamConfig,
     SubscribeError,
 )
-from headrace.nats import EventWatcher, Reconnected, connect
+from headrace.nats import Reconnected, connect
+from waiting import FAST, next_event
 
 E = TypeVar("E")
-FAST: dict[str, Any] = {"reconnect_wait": 0.05, "reconnect_wait_max": 0.2, "connect_timeout": 2}
 HB = 0.1  # the server's minimum idle heartbeat: a lost consumer is noticed after 0.3 s
 
 
@@ -32,14 +32,6 @@ async def js(nats_server) -> AsyncIterator[JetStream]:
         jsc = JetStream(nc)
         await jsc.add_stream(StreamConfig(name="S", subjects=["s.>"]))
         yield jsc
-
-
-async def next_event(watcher: EventWatcher[Any], kind: type[E], timeout: float = 10) -> E:
-    with trio.fail_after(timeout):
-        while True:
-            event = await watcher.receive()
-            if isinstance(event, kind):
-                return event
 
 
 class Reader:

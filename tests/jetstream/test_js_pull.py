@@ -22,7 +22,14 @@ from headrace.jetstream import (
 )
 from headrace.jetstream.pull_consumer import CLIENT_MARGIN
 from headrace.nats import connect
-from js_pull_support import FAST, consumer_state, poll_consumer, publish_n, seq_of, setup_pull
+from js_pull_support import (
+    consumer_state,
+    poll_consumer,
+    publish_n,
+    seq_of,
+    setup_pull,
+)
+from waiting import FAST
 
 
 def assert_user_msgs(batch: list[JsMsg]) -> None:

@@ -25,15 +25,13 @@ from headrace.jetstream import (
 )
 from headrace.nats import Disconnected, Reconnected, connect
 from js_pull_support import (
-    FAST,
-    EventLog,
-    next_event,
     poll_consumer,
     seq_of,
     settle,
     setup_pull,
     use_probe,
 )
+from waiting import FAST, EventLog, next_event
 
 pytestmark = pytest.mark.slow
 

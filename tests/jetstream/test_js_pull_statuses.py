@@ -32,17 +32,16 @@ from headrace.jetstream.pull_consumer import CLIENT_MARGIN
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH
 from headrace.nats import Connection, Disconnected, Reconnected, connect
 from js_pull_support import (
-    FAST,
-    EventLog,
     FakeJetStream,
     fake_consumer,
-    next_event,
     settle,
     use_probe,
 )
+from waiting import FAST, EventLog, next_event
 
 #: Heartbeat alarm after 10^6 heartbeat intervals: never, within a test.
 NO_ALARM: dict[str, Any] = {"heartbeat_alarm_factor": 1e6}
+
 
 @pytest.fixture(autouse=True)
 def _probe(monkeypatch):

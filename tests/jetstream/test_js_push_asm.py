@@ -22,55 +22,20 @@ from headrace.jetstream import (
     GapDetected,
     HeartbeatsMissed,
     JetStream,
-    JetStreamEvent,
     StreamConfig,
 )
 from headrace.jetstream.errors import PushStatusError
 from headrace.jetstream.events import MessagesDropped
 from headrace.nats import Disconnected, EventWatcher, Reconnected, connect
+from waiting import FAST, EventLog, next_event, no_event
 
 E = TypeVar("E")
-FAST: dict[str, Any] = {"reconnect_wait": 0.05, "reconnect_wait_max": 0.2, "connect_timeout": 2}
-
-
 @pytest.fixture
 async def js(nats_server) -> AsyncIterator[JetStream]:
     async with connect(nats_server.url, **FAST) as nc:
         jsc = JetStream(nc)
         await jsc.add_stream(StreamConfig(name="S", subjects=["s.>"]))
         yield jsc
-
-
-async def next_event(watcher: EventWatcher[Any], kind: type[E], timeout: float = 10) -> E:
-    """The next event of ``kind`` (earlier events of other kinds are skipped)."""
-    with trio.fail_after(timeout):
-        while True:
-            event = await watcher.receive()
-            if isinstance(event, kind):
-                return event
-
-
-async def no_event(watcher: EventWatcher[Any], kind: type[Any], period: float) -> None:
-    """Fail if an event of ``kind`` arrives within ``period`` seconds (an absence check)."""
-    with trio.move_on_after(period):
-        while True:
-            event = await watcher.receive()
-            assert not isinstance(event, kind), f"unexpected {event!r}"
-
-
-class EventLog:
-    """Collects a watcher's events in a task; read :attr:`events` after the tasks settle."""
-
-    def __init__(self, watcher: EventWatcher[JetStreamEvent]) -> None:
-        self.watcher = watcher
-        self.events: list[JetStreamEvent] = []
-
-    async def run(self) -> None:
-        async for event in self.watcher:
-            self.events.append(event)
-
-    def of(self, kind: type[E]) -> list[E]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 async def wait_delivered(js: JetStream, consumer: str, count: int) -> None:

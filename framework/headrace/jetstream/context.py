@@ -13,10 +13,11 @@ import datetime as dt
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from headrace.actors.nursery import open_actor_nursery
 from headrace.errors import NoRespondersError
 from headrace.jetstream.codec import DecodeError, from_json, parse_time, to_json
 from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo
@@ -243,7 +244,6 @@ class JetStream:
         given). ``ordered=True`` makes an ordered consumer (ADR-17). The subscription's actors
         run until the block ends, which unsubscribes (see :class:`DeletePolicy`).
         """
-        from headrace.actors.nursery import open_actor_nursery
         from headrace.jetstream.ordered import OrderedSubscription
         from headrace.jetstream.push import PushSubscription as Push
         from headrace.jetstream.subscribe import bind_push
@@ -281,19 +281,8 @@ class JetStream:
             )
             assert bound.sub is not None and bound.inlet is not None
             sub._attach(bound.sub, bound.inlet)
-        async with open_actor_nursery() as nursery:
-            await sub._start(nursery)
-            try:
-                yield sub
-            except BaseException:
-                with trio.CancelScope(shield=True), contextlib.suppress(JetStreamError):
-                    await sub.unsubscribe()
-                raise
-            else:
-                with trio.CancelScope(shield=True):
-                    await sub.unsubscribe()
-            finally:
-                sub._close()
+        async with _running(sub):
+            yield sub
 
     @asynccontextmanager
     async def pull_subscribe(
@@ -307,7 +296,6 @@ class JetStream:
         delete_policy: DeletePolicy = DeletePolicy.AUTO,
     ) -> AsyncIterator[PullSubscription]:
         """A pull subscription by ADR-15's workflow (a missing named consumer is created)."""
-        from headrace.actors.nursery import open_actor_nursery
         from headrace.jetstream.pull_subscription import PullSubscription as Pull
         from headrace.jetstream.subscribe import bind_pull
 
@@ -320,19 +308,8 @@ class JetStream:
             config=config or ConsumerConfig(),
         )
         sub = Pull(self, bound, delete_policy)
-        async with open_actor_nursery() as nursery:
-            await sub.lifecycle.start(nursery)
-            try:
-                yield sub
-            except BaseException:
-                with trio.CancelScope(shield=True), contextlib.suppress(JetStreamError):
-                    await sub.unsubscribe()
-                raise
-            else:
-                with trio.CancelScope(shield=True):
-                    await sub.unsubscribe()
-            finally:
-                sub._close()
+        async with _running(sub):
+            yield sub
 
     async def delete_consumer(self, stream: str, name: str) -> None:
         await self.api_request(f"CONSUMER.DELETE.{stream}.{name}")
@@ -491,6 +468,32 @@ class JetStream:
         """Delete one message; ``erase`` overwrites its storage too."""
         body = {"seq": seq, "no_erase": not erase}
         await self.api_request(f"STREAM.MSG.DELETE.{stream}", body)
+
+
+class _Subscription(Protocol):
+    async def _start(self, nursery: trio.Nursery) -> None: ...
+    async def unsubscribe(self) -> None: ...
+    def _close(self) -> None: ...
+
+
+@asynccontextmanager
+async def _running(sub: _Subscription) -> AsyncIterator[None]:
+    """Run a subscription's actors for the ``async with`` block, then end it (ADR-15
+    unsubscribe: delete what it should). When the block raised, a failure to delete is not
+    allowed to hide that error; otherwise it is raised."""
+    async with open_actor_nursery() as nursery:
+        await sub._start(nursery)
+        try:
+            yield
+        except BaseException:
+            with trio.CancelScope(shield=True), contextlib.suppress(JetStreamError):
+                await sub.unsubscribe()
+            raise
+        else:
+            with trio.CancelScope(shield=True):
+                await sub.unsubscribe()
+        finally:
+            sub._close()
 
 
 def _get_body(

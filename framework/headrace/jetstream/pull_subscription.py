@@ -56,6 +56,9 @@ class PullSubscription:
     def actors(self) -> list[Actor[Any]]:
         return [self.lifecycle, *self.consumer.active]
 
+    async def _start(self, nursery: trio.Nursery) -> None:
+        await self.lifecycle.start(nursery)
+
     def events(self, buffer: int = 256) -> EventWatcher[JetStreamEvent]:
         """Lifecycle events (e.g. a failed delete after a drain); consume events are on each
         consume's own ``events()``."""
