@@ -43,7 +43,14 @@ from headrace.jetstream.events import HeartbeatsMissed, PullWarning
 from headrace.jetstream.message import JsMsg, wire_size
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, pending_counts, status_error
-from headrace.nats.events import Connected, Disconnected, EventHub, EventWatcher, Reconnected
+from headrace.nats.events import (
+    Closed,
+    Connected,
+    Disconnected,
+    EventHub,
+    EventWatcher,
+    Reconnected,
+)
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
@@ -194,6 +201,8 @@ class ConsumeBuffer(Actor[_Control]):
         return await self._take(max_msgs)
 
     async def _take(self, max_msgs: int | None) -> list[JsMsg]:
+        if max_msgs is not None and max_msgs < 1:
+            raise ValueError(f"max_msgs must be at least 1, not {max_msgs}")
         buf = self._buf
         while not buf:
             if self._ended:
@@ -317,7 +326,10 @@ class ConsumeBuffer(Actor[_Control]):
             self._pull()
             return
         if kind is StatusKind.WARNING:
+            # The request was refused (Exceeded Max*): what it asked for will not come. Count
+            # only what is held and ask again shortly (at once would be refused the same way).
             self._hub.emit(PullWarning(self.consumer.name, status, description))
+            self._reset_pending()
             self._retry_later(WARNING_RETRY)
             return
         if kind is StatusKind.NO_RESPONDERS:
@@ -342,6 +354,7 @@ class ConsumeBuffer(Actor[_Control]):
         self._ended = True
         self._getters.unpark_all()
         self._hub.close()
+        self.tell(_Retry())  # wake the control loop, so the actor stops now
 
     # -- the actor's task ---------------------------------------------------------------------
 
@@ -366,6 +379,11 @@ class ConsumeBuffer(Actor[_Control]):
         async for event in connection_events:
             if isinstance(event, Connected | Disconnected | Reconnected):
                 await self.send(event)
+            elif isinstance(event, Closed):
+                break
+        # The connection is closed for good (its events end with it): so is this consume.
+        if not self._ended:
+            self._fail(self._nc._closed_error())
 
     async def _control_loop(self) -> None:
         inbox = self.inbox
@@ -420,10 +438,7 @@ class ConsumeBuffer(Actor[_Control]):
     def _on_control(self, message: _Control) -> None:
         if isinstance(message, Disconnected):
             self._pulling = False  # heartbeat timer paused, no requests
-        elif (
-            isinstance(message, Connected | Reconnected)
-            and self.state is not ActorState.DRAINING
-        ):
+        elif isinstance(message, Connected | Reconnected) and self.state is not ActorState.DRAINING:
             self._pulling = True
             self._reset_pending()
             self._last_activity = trio.current_time()
@@ -438,9 +453,11 @@ class ConsumeBuffer(Actor[_Control]):
         self.state = ActorState.DRAINING
         self._pulling = False
         sub = self._sub
-        if sub is not None and not sub.is_closed:
-            await sub.drain(timeout)
-        self._end()
+        try:
+            if sub is not None and not sub.is_closed:
+                await sub.drain(timeout)
+        finally:
+            self._end()  # whatever happened, iteration ends after what is buffered
 
     def close(self) -> None:
         """Stop at once: no more requests or messages; buffered messages can still be read."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from headrace.actors.nursery import open_actor_nursery
-from headrace.errors import NoRespondersError
+from headrace.errors import ConnectionClosedError, NatsError, NoRespondersError
 from headrace.jetstream.codec import DecodeError, from_json, parse_time, to_json
 from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo
 from headrace.jetstream.errors import (
@@ -249,6 +249,11 @@ class JetStream:
         from headrace.jetstream.subscribe import bind_push
 
         cfg = config or ConsumerConfig()
+        # Checked before anything exists on the server, so a bad argument leaks nothing.
+        if heartbeat_factor < 1:
+            raise ValueError(f"heartbeat_factor must be at least 1, not {heartbeat_factor}")
+        if max_pending_msgs < 1 or max_pending_bytes < 1:
+            raise ValueError("max_pending_msgs and max_pending_bytes must be at least 1")
         sub: Push
         if ordered:
             if durable or bind or queue:
@@ -486,12 +491,15 @@ async def _running(sub: _Subscription) -> AsyncIterator[None]:
         try:
             yield
         except BaseException:
-            with trio.CancelScope(shield=True), contextlib.suppress(JetStreamError):
+            with trio.CancelScope(shield=True), contextlib.suppress(JetStreamError, NatsError):
                 await sub.unsubscribe()
             raise
         else:
             with trio.CancelScope(shield=True):
-                await sub.unsubscribe()
+                try:
+                    await sub.unsubscribe()
+                except ConnectionClosedError:
+                    pass  # nothing to delete with; an ephemeral expires on the server anyway
         finally:
             sub._close()
 

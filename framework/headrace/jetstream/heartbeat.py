@@ -60,6 +60,9 @@ class HeartbeatMonitor(Actor[Connected | Disconnected | Reconnected]):
                     async for event in events:
                         if isinstance(event, Connected | Disconnected | Reconnected):
                             await self.send(event)
+                    # The connection closed for good: nothing more will arrive, and silence
+                    # is no alarm.
+                    nursery.cancel_scope.cancel()
 
                 nursery.start_soon(forward)
                 await self._watch()

@@ -470,7 +470,9 @@ class KeyValue:
     async def keys(self, keys: str | Sequence[str] = ">") -> list[str]:
         """The keys that have a value (not a delete or purge marker), matching ``keys``."""
         async with self.watch(keys, ignore_deletes=True, meta_only=True) as watcher:
-            return [entry.key async for entry in watcher.initial()]
+            found = [entry.key async for entry in watcher.initial()]
+        # A key written while the list is built can come twice: once, in first-seen order.
+        return list(dict.fromkeys(found))
 
     async def status(self) -> KeyValueStatus:
         info = await self.js.stream_info(self.stream)

@@ -88,6 +88,7 @@ class ConsumerLifecycle(Actor[_End]):
         self._stop_delivery = stop_delivery
         self._acks = acks
         self.deleted = False
+        self._request: _End | None = None
 
     async def should_delete(self) -> bool:
         """Apply the deletion rule (see the module docs)."""
@@ -127,12 +128,16 @@ class ConsumerLifecycle(Actor[_End]):
     async def end(self, *, drain: bool, timeout: float = math.inf) -> None:
         """Ask the actor to end the subscription; returns when done (raises what unsubscribe
         must raise)."""
-        done = trio.Event()
-        result: list[BaseException | None] = [None]
-        await self.send(_End(drain, trio.current_time() + timeout, done, result))
-        await done.wait()
-        if result[0] is not None:
-            raise result[0]
+        request = self._request
+        if request is None:
+            # One end per subscription: a second caller (an unsubscribe during a drain) waits
+            # for the first instead of queueing a request nobody would take.
+            request = _End(drain, trio.current_time() + timeout, trio.Event(), [None])
+            self._request = request
+            await self.send(request)
+        await request.done.wait()
+        if request.result[0] is not None:
+            raise request.result[0]
 
     async def run(self) -> None:
         request = await self.inbox.receive()
@@ -143,17 +148,23 @@ class ConsumerLifecycle(Actor[_End]):
             request.done.set()
 
     async def _end(self, request: _End) -> BaseException | None:
+        """Stop, then delete if the rule says so. Never raises: an error is the result (a
+        drain reports a failed delete as an event), so the actor itself never fails and the
+        caller's own exception is never replaced by ours."""
         with trio.move_on_at(request.deadline):
-            await self._stop_delivery(request.drain, request.deadline)
-            if request.drain and self._acks is not None:
-                await self._acks.wait_all_acked()
+            try:
+                await self._stop_delivery(request.drain, request.deadline)
+                if request.drain and self._acks is not None:
+                    await self._acks.wait_all_acked()
+            except (JetStreamError, NatsError):
+                pass  # stopping ran into a closed or lost connection: deletion may still work
         try:
             if await self.should_delete():
                 await self.js.delete_consumer(self.stream, self.consumer)
                 self.deleted = True
         except ConsumerNotFound:
             self.deleted = True  # already gone: the goal is reached
-        except JetStreamError as exc:
+        except (JetStreamError, NatsError) as exc:
             if request.drain:
                 self._hub.emit(ConsumerDeleteFailed(self.stream, self.consumer, exc))
                 return None

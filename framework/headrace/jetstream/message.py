@@ -60,7 +60,13 @@ def ack_all(messages: list[JsMsg]) -> int:
     call, a fraction of the per-message cost. The same rules apply: acked messages and those of
     an ack-policy-none consumer are skipped; nothing is marked acked unless queuing succeeded.
     """
-    pending = [m for m in messages if not (m._acked or m._ack_none)]
+    pending: list[JsMsg] = []
+    seen: set[int] = set()
+    for m in messages:
+        if m._acked or m._ack_none or id(m) in seen:
+            continue  # acked, not to be acked, or listed twice: one ack each, no more
+        seen.add(id(m))
+        pending.append(m)
     if not pending:
         return 0
     replies = []
@@ -187,6 +193,23 @@ class JsMsg:
         """Queue ``+ACK`` now; ``False`` when ignored (already acked, or ack policy none)."""
         return self._publish(ACK, True)
 
+    def nak_nowait(self, delay: float | None = None) -> bool:
+        """Queue ``-NAK`` (with a redelivery delay) now; ``False`` when ignored."""
+        payload = NAK
+        if delay is not None:
+            if delay < 0:
+                raise ValueError(f"nak delay must not be negative, not {delay}")
+            payload = NAK + b" " + json.dumps({"delay": round(delay * 1e9)}).encode()
+        return self._publish(payload, True)
+
+    def term_nowait(self, reason: str | None = None) -> bool:
+        """Queue ``+TERM`` now; ``False`` when ignored."""
+        return self._publish(TERM if not reason else TERM + b" " + reason.encode(), True)
+
+    def in_progress_nowait(self) -> bool:
+        """Queue ``+WPI`` now (not terminal); ``False`` when ignored."""
+        return self._publish(WPI, False)
+
     async def ack(self) -> None:
         """Acknowledge: processed, do not redeliver."""
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -195,23 +218,17 @@ class JsMsg:
     async def nak(self, delay: float | None = None) -> None:
         """Negative acknowledgement: redeliver, after ``delay`` seconds if given."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        payload = NAK
-        if delay is not None:
-            if delay < 0:
-                raise ValueError(f"nak delay must not be negative, not {delay}")
-            payload = NAK + b" " + json.dumps({"delay": round(delay * 1e9)}).encode()
-        self._publish(payload, True)
+        self.nak_nowait(delay)
 
     async def term(self, reason: str | None = None) -> None:
         """Terminate: never redeliver this message (the server emits an advisory)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        payload = TERM if not reason else TERM + b" " + reason.encode()
-        self._publish(payload, True)
+        self.term_nowait(reason)
 
     async def in_progress(self) -> None:
         """Work in progress: restart the ack wait timer (not terminal, may repeat)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._publish(WPI, False)
+        self.in_progress_nowait()
 
     async def ack_sync(self, timeout: float | None = None) -> None:
         """Acknowledge and wait until the server confirms it recorded the ack.
@@ -226,6 +243,8 @@ class JsMsg:
         if reply is None:
             raise NotAJetStreamMessage(f"{self!r} cannot be acknowledged: it has no reply")
         await self._conn.request(reply, ACK, timeout=timeout)
+        if self._acked:
+            return  # acked another way while we waited: counted once already
         self._acked = True
         if self._tracker is not None:
             self._tracker.acked()

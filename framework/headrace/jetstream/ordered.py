@@ -20,14 +20,24 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from headrace.errors import ConnectionLostError, NatsTimeoutError, SubscriptionClosedError
+from headrace.errors import (
+    ConnectionLostError,
+    NatsError,
+    NatsTimeoutError,
+    SubscriptionClosedError,
+)
 from headrace.jetstream.consumer_config import (
     AckPolicy,
     ConsumerConfig,
     ConsumerInfo,
     DeliverPolicy,
 )
-from headrace.jetstream.errors import JetStreamError, JetStreamUnavailable, SubscribeError
+from headrace.jetstream.errors import (
+    JetStreamError,
+    JetStreamUnavailable,
+    PushStatusError,
+    SubscribeError,
+)
 from headrace.jetstream.events import ConsumerRecreated, HeartbeatsMissed
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.message import JsMsg
@@ -105,6 +115,10 @@ class OrderedSubscription(PushSubscription):
         self.last_stream_seq = 0
         self._reset_reason: str | None = None
         self._generation = 0
+        # A "new messages only" consumer starts after the stream's last message at creation:
+        # that is where a recreation before the first message must start too.
+        if config.deliver_policy is DeliverPolicy.NEW:
+            self.last_stream_seq = info.delivered.stream_seq
         self.recreated = 0
         if self.heartbeat is not None:
             self.heartbeat._on_alarm = self._on_heartbeat_alarm
@@ -169,6 +183,7 @@ class OrderedSubscription(PushSubscription):
         self._queue.interrupt()  # wake a waiting reader: it recreates the consumer
 
     async def _take(self, max_msgs: int | None) -> list[JsMsg]:
+        self._before_take(max_msgs)
         nc = self._nc
         while True:
             if self._reset_reason is not None:
@@ -193,7 +208,13 @@ class OrderedSubscription(PushSubscription):
                     self.last_stream_seq = meta.stream_seq
                     out.append(jm)
                     continue
-                self._check_status(msg)
+                try:
+                    self._check_status(msg)
+                except PushStatusError as exc:
+                    if not out:
+                        raise
+                    self._pending_error = exc  # hand out what came first
+                    break
                 if self._reset_reason is not None:
                     break
             if out:
@@ -222,12 +243,14 @@ class OrderedSubscription(PushSubscription):
             await old_sub.unsubscribe()
         try:
             await self.js.delete_consumer(self.stream, old_name)
-        except (JetStreamError, trio.TooSlowError):
+        except (JetStreamError, NatsError, trio.TooSlowError):
             pass  # already gone, or unreachable: an ephemeral expires on its own
-        start = self.last_stream_seq + 1
-        inlet = Inlet()
+        # Nothing handed out yet (and not "new only"): start as the user asked (deliver all,
+        # last per subject, by time...), not at sequence 1.
+        start = self.last_stream_seq + 1 if self.last_stream_seq else None
         wait = 0.25
         while True:
+            inlet = Inlet()  # one per attempt: a "failed" create may have succeeded
             try:
                 sub, info = await self._make_consumer(
                     self.js, self.stream, self._subject, self._config, inlet, start_seq=start
@@ -247,4 +270,4 @@ class OrderedSubscription(PushSubscription):
         if self.heartbeat is not None:
             self.heartbeat.activity()
         self.recreated += 1
-        self._hub.emit(ConsumerRecreated(old_name, info.name, start, reason))
+        self._hub.emit(ConsumerRecreated(old_name, info.name, start or 0, reason))

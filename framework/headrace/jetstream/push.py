@@ -97,7 +97,14 @@ class PushSubscription:
         config = info.config
         self.consumer = info.name
         self._ack_none = config.ack_policy is AckPolicy.NONE
-        self._acks = None if self._ack_none else OutstandingAcks()
+        # Tracked only for explicit acks: with ack policy "all" one ack settles many messages,
+        # so counting would make a drain wait out its timeout.
+        self._acks = (
+            OutstandingAcks()
+            if config.ack_policy is AckPolicy.EXPLICIT or (config.ack_policy is None)
+            else None
+        )
+        self._pending_error: BaseException | None = None
         self._hub: EventHub[JetStreamEvent] = EventHub()
         self._queue = DeliveryQueue(max_pending_msgs, max_pending_bytes, SlowConsumerPolicy.DROP)
         self._sub: Subscription | None = None
@@ -153,6 +160,16 @@ class PushSubscription:
     async def _start(self, nursery: trio.Nursery) -> None:
         for actor in self.actors:
             await actor.start(nursery)
+        nursery.start_soon(self._end_with_connection)
+
+    async def _end_with_connection(self) -> None:
+        """When the connection closes for good, nothing more will arrive: iteration ends after
+        what is buffered, with the connection's error if it did not close as asked."""
+        with self._nc.events() as events:
+            async for _ in events:
+                pass
+        error = self._nc.last_error
+        self._queue.close(None if error is None else self._nc._closed_error())
 
     def _on_batch(self, batch: list[Msg]) -> None:
         """Runs in the connection's reader: stamp, buffer, never block."""
@@ -183,7 +200,15 @@ class PushSubscription:
     async def next_batch(self, max_msgs: int | None = None) -> list[JsMsg]:
         return await self._take(max_msgs)
 
+    def _before_take(self, max_msgs: int | None) -> None:
+        if max_msgs is not None and max_msgs < 1:
+            raise ValueError(f"max_msgs must be at least 1, not {max_msgs}")
+        if self._pending_error is not None:
+            error, self._pending_error = self._pending_error, None
+            raise error
+
     async def _take(self, max_msgs: int | None) -> list[JsMsg]:
+        self._before_take(max_msgs)
         nc, ack_none, tracker = self._nc, self._ack_none, self._acks
         while True:
             try:
@@ -206,7 +231,14 @@ class PushSubscription:
                     # Nats-Last-Consumer counts the messages ahead of it in this batch.
                     self._observe(Observed(seqs))
                     seqs = []
-                self._on_status(msg)
+                try:
+                    self._on_status(msg)
+                except PushStatusError as exc:
+                    if not out:
+                        raise
+                    # Hand out what came first; the error is raised by the next call.
+                    self._pending_error = exc
+                    break
             if seqs:
                 self._observe(Observed(seqs))
             if out:
