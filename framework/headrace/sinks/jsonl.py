@@ -1,0 +1,282 @@
+"""``JsonlSink``: JSON-lines files, one per batch, durable and free of duplicates.
+
+Layout: every batch becomes ``<batch key>.jsonl`` in the output directory (``ORDERS-1-100.jsonl``,
+``A-1-5+B-3-9.jsonl`` for a batch of two streams), one line per record in the format of
+:mod:`headrace.sinks.lines`, lines ordered by stream and stream sequence.
+
+Durability: a file is written to a hidden temporary file in the same directory, flushed and
+fsynced, renamed over its final name, and the directory fsynced, all before ``write_batch``
+returns; a reader never sees a partial file, and what ``write_batch`` reported written survives
+a crash of the process or the machine. With ``fsync=False`` the two fsyncs are skipped: files are
+still replaced atomically and survive a crash of the process, not of the machine.
+
+Idempotence: the output never holds the same (stream, stream_seq) from two deliveries, even when
+a crash is followed by redeliveries cut into batches differently. At ``open()`` the sink reads
+every existing file (and removes temporary files left by a crash) to learn the exact set of
+(stream, stream_seq) already committed; then, for each batch:
+
+- if its key names an existing file, that file is rewritten with the batch's records replacing
+  its records of the same (stream, stream_seq) and its other records kept; records committed in
+  another file are left out;
+- otherwise records already committed are skipped, and a batch left empty writes nothing.
+
+A file's name gives the range of its batch, not its content: a message of that range may be
+missing from it (filtered, or failed in an operator and redelivered into a later batch), and is
+written when it comes again. Several records derived from one message (a ``flat_map``) share its
+(stream, stream_seq): they are written together, from the batch that holds them (the pipeline
+must not split one message's records across two batches of a sink: the second part would be
+skipped as committed).
+
+The cost: ``open()`` reads all the existing output, and the sink keeps the committed sequence
+numbers in memory (as intervals, so a contiguous run costs the same as one number). One sink
+owns a directory at a time: ``open()`` takes a lock (``flock``), and a second sink on the same
+directory gets :class:`~headrace.sinks.errors.OutputInUse`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from headrace.sinks.errors import CorruptOutput, OutputInUse, SinkError, SinkNotOpen
+from headrace.sinks.lines import record_to_line
+
+if sys.platform != "win32":
+    import fcntl
+
+if TYPE_CHECKING:
+    from headrace.pipeline.batch import Batch
+
+SUFFIX = ".jsonl"
+TEMP_PREFIX = ".headrace-"
+TEMP_SUFFIX = ".tmp"
+LOCK_NAME = ".headrace-jsonl.lock"
+
+_Key = tuple[str, int]
+
+
+class SeqSet:
+    """A set of sequence numbers kept as sorted, disjoint, closed intervals."""
+
+    __slots__ = ("_ends", "_starts")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def __contains__(self, seq: object) -> bool:
+        if not isinstance(seq, int):
+            return False
+        i = bisect.bisect_right(self._starts, seq) - 1
+        return i >= 0 and seq <= self._ends[i]
+
+    def add(self, seq: int) -> None:
+        starts, ends = self._starts, self._ends
+        i = bisect.bisect_right(starts, seq) - 1
+        if i >= 0 and seq <= ends[i]:
+            return
+        joins_left = i >= 0 and ends[i] == seq - 1
+        joins_right = i + 1 < len(starts) and starts[i + 1] == seq + 1
+        if joins_left and joins_right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif joins_left:
+            ends[i] = seq
+        elif joins_right:
+            starts[i + 1] = seq
+        else:
+            starts.insert(i + 1, seq)
+            ends.insert(i + 1, seq)
+
+    def __len__(self) -> int:
+        return sum(e - s + 1 for s, e in zip(self._starts, self._ends, strict=True))
+
+    @property
+    def intervals(self) -> list[tuple[int, int]]:
+        return list(zip(self._starts, self._ends, strict=True))
+
+
+class JsonlSink:
+    """Durable, duplicate-free JSON-lines files in ``directory``; see the module docs.
+
+    A sync sink: the pipeline runs its methods in a worker thread.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.directory = Path(directory).expanduser()
+        self.fsync = fsync
+        #: Records left out because their (stream, stream_seq) was already committed.
+        self.duplicates_skipped = 0
+        #: Files written (new or rewritten) since ``open()``.
+        self.files_written = 0
+        self._committed: dict[str, SeqSet] | None = None
+        self._lock_fd: int | None = None
+        self._broken: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"JsonlSink({str(self.directory)!r}, fsync={self.fsync})"
+
+    # -- the sink contract --------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Lock the directory (creating it if needed), remove stale temporary files and read
+        the existing output to learn what is committed."""
+        if self._lock_fd is not None:
+            self.close()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        try:
+            committed: dict[str, SeqSet] = {}
+            with os.scandir(self.directory) as entries:
+                names = sorted(e.name for e in entries if e.is_file())
+            for name in names:
+                if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
+                    os.unlink(self.directory / name)
+                elif name.endswith(SUFFIX):
+                    for stream, seq in self._read(self.directory / name):
+                        committed.setdefault(stream, SeqSet()).add(seq)
+            # What was read counts as committed from now on: make it durable (a crash may
+            # have come between a rename and the directory's fsync).
+            self._fsync_directory()
+        except BaseException:
+            self._unlock()
+            raise
+        self._committed = committed
+        self._broken = None
+        self.duplicates_skipped = 0
+        self.files_written = 0
+
+    def write_batch(self, batch: Batch) -> None:
+        """Write ``batch`` durably, leaving out records already committed; see the module
+        docs."""
+        committed = self._committed
+        if committed is None:
+            raise SinkNotOpen(f"{self!r} is not open: call open() before write_batch()")
+        if self._broken is not None:
+            raise SinkError(
+                f"{self!r}: an earlier fsync of the directory failed ({self._broken!r}); "
+                "close and open the sink again"
+            ) from self._broken
+        if not batch.records:
+            return
+        name = batch.key + SUFFIX
+        if "/" in name or "\\" in name or "\0" in name:
+            raise SinkError(f"batch key {batch.key!r} cannot name a file")
+        final = self.directory / name
+
+        groups: dict[_Key, list[bytes]] = {}
+        for record in batch.records:
+            meta = record.delivery.msg.metadata
+            line = record_to_line(record).encode("utf-8")
+            groups.setdefault((meta.stream, meta.stream_seq), []).append(line)
+
+        existing = self._read_lines(final) if final.exists() else None
+        in_file = existing.keys() if existing is not None else set()
+        fresh: dict[_Key, list[bytes]] = {}
+        for key, lines in groups.items():
+            seqs = committed.get(key[0])
+            if key in in_file or seqs is None or key[1] not in seqs:
+                fresh[key] = lines
+            else:
+                self.duplicates_skipped += len(lines)
+        if not fresh:
+            return
+        merged = {**existing, **fresh} if existing is not None else fresh
+        data = b"".join(line for key in sorted(merged) for line in merged[key])
+
+        self._write_file(final, data)
+        for stream, seq in fresh:
+            committed.setdefault(stream, SeqSet()).add(seq)
+        self.files_written += 1
+        try:
+            self._fsync_directory()
+        except BaseException as exc:
+            # The file is visible, so its records count as committed, but perhaps not
+            # durably: refuse further batches until open() has made the directory durable.
+            self._broken = exc
+            raise
+
+    def close(self) -> None:
+        """Release the directory; ``open()`` may be called again."""
+        self._committed = None
+        self._unlock()
+
+    # -- files --------------------------------------------------------------------------------
+
+    def _write_file(self, final: Path, data: bytes) -> None:
+        tmp = self.directory / f"{TEMP_PREFIX}{final.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _fsync_directory(self) -> None:
+        if not self.fsync or sys.platform == "win32":
+            return
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _read_lines(self, path: Path) -> dict[_Key, list[bytes]]:
+        """The lines of an output file by (stream, stream_seq), in file order."""
+        lines: dict[_Key, list[bytes]] = {}
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                lines.setdefault(self._key_of(path, number, line), []).append(line)
+        return lines
+
+    def _read(self, path: Path) -> set[_Key]:
+        with open(path, "rb") as f:
+            return {self._key_of(path, number, line) for number, line in enumerate(f, 1)}
+
+    @staticmethod
+    def _key_of(path: Path, number: int, line: bytes) -> _Key:
+        if not line.endswith(b"\n"):
+            raise CorruptOutput(str(path), number, "incomplete line (no newline at the end)")
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise CorruptOutput(str(path), number, f"not JSON: {exc}") from None
+        stream = obj.get("stream") if isinstance(obj, dict) else None
+        seq = obj.get("stream_seq") if isinstance(obj, dict) else None
+        if not isinstance(stream, str) or not isinstance(seq, int) or isinstance(seq, bool):
+            raise CorruptOutput(str(path), number, "no 'stream' string and 'stream_seq' integer")
+        return stream, seq
+
+    # -- the directory lock -------------------------------------------------------------------
+
+    def _lock(self) -> None:
+        if sys.platform == "win32":  # pragma: no cover - no flock there
+            return
+        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputInUse(
+                f"{self.directory} is in use by another JsonlSink (lock {LOCK_NAME})"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the flock
