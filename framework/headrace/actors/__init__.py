@@ -5,7 +5,25 @@ connection supervisor, the JetStream heartbeat monitor and flow-control responde
 buffer, and later the pipeline's operators, batchers and ack tracker.
 """
 
-from headrace.actors.actor import Actor, ActorState, describe
+from headrace.actors.actor import Actor, ActorRef, ActorState, describe
 from headrace.actors.nursery import open_actor_nursery
+from headrace.actors.supervision import (
+    ActorFailed,
+    Escalate,
+    Restart,
+    RestartPolicy,
+    supervise,
+)
 
-__all__ = ["Actor", "ActorState", "describe", "open_actor_nursery"]
+__all__ = [
+    "Actor",
+    "ActorFailed",
+    "ActorRef",
+    "ActorState",
+    "Escalate",
+    "Restart",
+    "RestartPolicy",
+    "describe",
+    "open_actor_nursery",
+    "supervise",
+]

@@ -18,6 +18,16 @@ import trio
 M = TypeVar("M")
 
 
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is a cancellation: ``Cancelled``, or a group of nothing else (what a
+    nursery inside a cancelled scope raises)."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_cancellation(e) for e in exc.exceptions)
+    return False
+
+
 class ActorState(enum.Enum):
     """What an actor is doing, for progress views and health checks."""
 
@@ -42,6 +52,8 @@ class Actor(Generic[M]):
         self._send, self.inbox = trio.open_memory_channel[M](inbox_size)
         self.state = ActorState.STARTING
         self.error: BaseException | None = None
+        #: Times the supervisor restarted this actor.
+        self.restarts = 0
         self._scope: trio.CancelScope | None = None
         self._done = trio.Event()
 
@@ -64,7 +76,7 @@ class Actor(Generic[M]):
             try:
                 await self.run()
             except BaseException as exc:
-                if isinstance(exc, trio.Cancelled):
+                if is_cancellation(exc):
                     self.state = ActorState.STOPPED
                 else:
                     self.state = ActorState.FAILED
@@ -103,6 +115,38 @@ class Actor(Generic[M]):
     @property
     def running(self) -> bool:
         return self.state in (ActorState.RUNNING, ActorState.DRAINING)
+
+    @property
+    def ref(self) -> ActorRef[M]:
+        """The address of this actor: what others hold to send it messages."""
+        return ActorRef(self)
+
+
+class ActorRef(Generic[M]):
+    """A reference to an actor: its name and state, and a way to reach its inbox. Holders of
+    a reference cannot call into the actor, only send it messages."""
+
+    __slots__ = ("_actor",)
+
+    def __init__(self, actor: Actor[M]) -> None:
+        self._actor = actor
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self._actor.name!r})"
+
+    @property
+    def name(self) -> str:
+        return self._actor.name
+
+    @property
+    def state(self) -> ActorState:
+        return self._actor.state
+
+    def tell(self, message: M) -> bool:
+        return self._actor.tell(message)
+
+    async def send(self, message: M) -> None:
+        await self._actor.send(message)
 
 
 def describe(actors: list[Actor[object]] | list[Actor[M]]) -> list[tuple[str, str]]:

@@ -157,6 +157,23 @@ class Connection:
             return Status.DRAINING
         return self._status
 
+    #: The connection's name as an actor, in pipeline graphs and progress views.
+    actor_name = "connection-supervisor"
+
+    @property
+    def actor_state(self) -> str:
+        """The supervisor's state in actor terms: running, restarting (reconnecting),
+        draining, stopped (closed as asked) or failed (closed after an error)."""
+        status = self.status
+        if status is Status.CLOSED:
+            return "failed" if self._close_error is not None else "stopped"
+        return {
+            Status.CONNECTING: "starting",
+            Status.CONNECTED: "running",
+            Status.RECONNECTING: "restarting",
+            Status.DRAINING: "draining",
+        }[status]
+
     @property
     def is_connected(self) -> bool:
         return self._transport is not None and self._status is Status.CONNECTED

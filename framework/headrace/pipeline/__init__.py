@@ -1,0 +1,31 @@
+"""Pipelines: graphs of sources, operators and sinks, run as supervised actors.
+
+A JetStream message is acked only after every record derived from it was committed by every
+sink it reached (the ack tracker); cancelling a pipeline drains it. See docs/pipelines.md.
+"""
+
+from headrace.pipeline.ack_tracker import AckTracker
+from headrace.pipeline.batch import Batch, BatchPolicy
+from headrace.pipeline.graph import Node, Pipeline, PipelineError
+from headrace.pipeline.record import Delivery, Record
+from headrace.pipeline.runtime import PipelineRun, StageError
+from headrace.pipeline.sink import Sink, SinkRunner
+from headrace.pipeline.source import JetStreamSource
+from headrace.pipeline.stats import PipelineStats
+
+__all__ = [
+    "AckTracker",
+    "Batch",
+    "BatchPolicy",
+    "Delivery",
+    "JetStreamSource",
+    "Node",
+    "Pipeline",
+    "PipelineError",
+    "PipelineRun",
+    "PipelineStats",
+    "Record",
+    "Sink",
+    "SinkRunner",
+    "StageError",
+]

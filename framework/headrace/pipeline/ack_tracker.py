@@ -1,0 +1,202 @@
+"""The ack tracker actor: delivery guarantees of a pipeline.
+
+A JetStream message is acked only after every record derived from it was committed by every
+sink it went to. The other actors report, synchronously and per batch (trio runs one task at a
+time, so there is no race): records admitted at the source, dropped by a filter, committed by a
+sink, or failed. The tracker does the bookkeeping on the :class:`Delivery` objects and sends the
+acks of a committed batch in one write (``ack_all``).
+
+Failure: a delivery with a failed record is naked once, with a backoff delay that grows with its
+delivery count, so the whole message is redelivered (sinks that committed its other records see
+it again: they must be idempotent, which the record metadata allows). Once it has been delivered
+``max_deliveries`` times it is a poison message: terminated (+TERM), and published with headers
+naming the pipeline, the error, the original subject, stream and sequence to the dead-letter
+subject if one is set. The dead-letter publish waits for the stream's PubAck (or a flush when no
+stream captures the subject) before the +TERM, so a poison message is never just dropped.
+
+Slow commits: the tracker's own task sends +WPI (work in progress) for messages held longer than
+half of their consumer's ack_wait, so that a slow sink does not cause redeliveries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from headrace.actors.actor import Actor
+from headrace.errors import NatsError
+from headrace.jetstream.errors import JetStreamError, NoStreamForSubject
+from headrace.jetstream.message import JsMsg, ack_all
+from headrace.pipeline.record import Delivery, Record
+from headrace.pipeline.stats import PipelineStats
+
+if TYPE_CHECKING:
+    from headrace.jetstream.context import JetStream
+    from headrace.pipeline.graph import Pipeline
+
+DEFAULT_ACK_WAIT = 30.0
+
+
+@attrs.frozen(slots=True)
+class _Poison:
+    deliveries: list[Delivery]
+    error: BaseException
+
+
+class AckTracker(Actor[_Poison]):
+    def __init__(self, pipeline: Pipeline, js: JetStream, stats: PipelineStats) -> None:
+        super().__init__("ack-tracker", inbox_size=math.inf)
+        self.pipeline = pipeline
+        self.js = js
+        self.stats = stats
+        #: ack_wait of each source's consumer (seconds), learned when it binds.
+        self.ack_wait: dict[str, float] = {}
+        # Deliveries by arrival, in the groups they arrived in, for the +WPI scan.
+        self._groups: deque[tuple[float, list[Delivery]]] = deque()
+
+    # -- reports from the other actors (synchronous) ------------------------------------------
+
+    def admit(self, msgs: list[JsMsg], source: str) -> list[Record]:
+        """Messages taken from a source become deliveries and records."""
+        now = trio.current_time()
+        deliveries = [Delivery(m, now, source) for m in msgs]
+        self._groups.append((now, deliveries))
+        stats = self.stats
+        stats.messages_in += len(msgs)
+        stats.ack_pending += len(msgs)
+        if msgs:
+            last = msgs[-1].metadata
+            stats.lag = last.num_pending
+            if last.num_delivered > 1 or msgs[0].metadata.num_delivered > 1:
+                stats.redeliveries += sum(1 for m in msgs if m.metadata.num_delivered > 1)
+        return [Record(m.data, d) for m, d in zip(msgs, deliveries, strict=True)]
+
+    def release(self, records: list[Record]) -> None:
+        """Records that end without a sink (a filter dropped them, a flat_map made none):
+        their messages are acked once nothing else is outstanding."""
+        self.stats.dropped += len(records)
+        self._settle(records)
+
+    def committed(self, records: list[Record]) -> None:
+        """A sink committed these records."""
+        self.stats.records_out += len(records)
+        self._settle(records)
+
+    def _settle(self, records: list[Record]) -> None:
+        ready: list[JsMsg] = []
+        for record in records:
+            delivery = record.delivery
+            delivery.pending -= 1
+            if delivery.pending <= 0 and not delivery.done:
+                delivery.done = True
+                ready.append(delivery.msg)
+        if ready:
+            ack_all(ready)
+            self.stats.acks += len(ready)
+            self.stats.ack_pending -= len(ready)
+
+    def failed(self, records: list[Record], error: BaseException) -> None:
+        """Processing these records failed: nak their messages (or, past ``max_deliveries``,
+        treat them as poison)."""
+        self.stats.errors += 1
+        poison: list[Delivery] = []
+        for record in records:
+            delivery = record.delivery
+            delivery.pending -= 1
+            if delivery.done:
+                continue
+            delivery.failed = True
+            delivery.done = True
+            self.stats.ack_pending -= 1
+            msg = delivery.msg
+            delivered = msg.metadata.num_delivered
+            if delivered >= self.pipeline.max_deliveries:
+                poison.append(delivery)
+                continue
+            delay = min(
+                self.pipeline.nak_delay * 2 ** min(delivered - 1, 30), self.pipeline.nak_delay_max
+            )
+            msg.nak_nowait(delay)
+            self.stats.naks += 1
+        if poison:
+            self.tell(_Poison(poison, error))
+
+    # -- the actor's task: poison messages and +WPI ---------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            with trio.move_on_after(self._scan_interval()):
+                job = await self.inbox.receive()
+                await self._poison(job)
+                continue
+            self._send_in_progress()
+
+    def _scan_interval(self) -> float:
+        waits = self.ack_wait.values()
+        return (min(waits) if waits else DEFAULT_ACK_WAIT) / 4
+
+    def _send_in_progress(self) -> None:
+        now = trio.current_time()
+        groups = self._groups
+        kept: deque[tuple[float, list[Delivery]]] = deque()
+        while groups:
+            received, deliveries = groups[0]
+            open_ = [d for d in deliveries if not d.done]
+            if not open_:
+                groups.popleft()
+                continue
+            half = self.ack_wait.get(open_[0].source, DEFAULT_ACK_WAIT) / 2
+            if now - received < half:
+                break  # younger groups follow: none of them is due
+            groups.popleft()
+            for delivery in open_:
+                if now >= delivery.wpi_at:
+                    delivery.msg.in_progress_nowait()
+                    delivery.wpi_at = now + half
+                    self.stats.in_progress += 1
+            kept.append((received, open_))
+        groups.extendleft(reversed(kept))
+
+    async def _poison(self, job: _Poison) -> None:
+        dead_letter = self.pipeline.dead_letter
+        reason = f"{type(job.error).__name__}: {job.error}"[:500]
+        for delivery in job.deliveries:
+            msg = delivery.msg
+            if dead_letter is not None:
+                try:
+                    await self._dead_letter(dead_letter, msg, reason)
+                except (JetStreamError, NatsError):
+                    # Not kept anywhere: terminating it now would lose it. Redeliver later.
+                    self.stats.errors += 1
+                    msg.nak_nowait(self.pipeline.nak_delay_max)
+                    self.stats.naks += 1
+                    continue
+                self.stats.dead_lettered += 1
+            msg.term_nowait(f"poison message in pipeline {self.pipeline.name}: {reason}"[:200])
+            self.stats.terms += 1
+
+    async def _dead_letter(self, subject: str, msg: JsMsg, reason: str) -> None:
+        meta = msg.metadata
+        headers = {
+            "Headrace-Pipeline": self.pipeline.name,
+            "Headrace-Error": reason.replace("\r", " ").replace("\n", " "),
+            "Headrace-Subject": msg.subject,
+            "Headrace-Stream": meta.stream,
+            "Headrace-Stream-Seq": str(meta.stream_seq),
+            "Headrace-Delivered": str(meta.num_delivered),
+        }
+        if msg.headers is not None:
+            for name, value in msg.headers.multi_items():
+                if name.startswith("Nats-"):
+                    continue  # the server's own (de-duplication, expectations): not to replay
+                headers.setdefault(name, value)
+        try:
+            await self.js.publish(subject, msg.data, headers=headers)
+        except NoStreamForSubject:
+            # No stream keeps dead letters: a core publish, confirmed by a flush, is all there is.
+            await self.js.nc.publish(subject, msg.data, headers=headers)
+            await self.js.nc.flush()

@@ -1,0 +1,362 @@
+"""The pipeline DSL: a graph of sources, operators and sinks.
+
+::
+
+    pipe = Pipeline("orders-to-lake", dead_letter="orders.dead")
+    orders = pipe.source(JetStreamSource(stream="ORDERS", durable="lake"))
+    decoded = orders.map(json.loads, name="decode")
+    decoded.filter(lambda o: o["qty"] > 1).sink(JsonlSink("big"), batch=BatchPolicy(1000))
+    decoded.sink(MemorySink(), name="all")          # a second sink: fan-out
+    pipe.merge(a, b)                                 # several sources into one flow
+
+Operators take the record's value (``record=True`` passes the :class:`Record`); sync or async
+functions; ``concurrency`` > 1 runs several at once, with output order kept for the whole batch
+(``ordered="all"``), per subject (``"subject"``: one subject's records run one after another),
+or not at all (``"none"``). A function that raises fails that record's message (nak, then
+poison, see the ack tracker) unless ``on_error="crash"``, which fails the operator and lets its
+restart policy decide.
+
+The graph is validated before it runs (:meth:`Pipeline.validate`), with errors that name the
+node, and can be described as a Mermaid diagram, internal actors included.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from headrace.actors.supervision import Escalate, RestartPolicy
+from headrace.errors import HeadraceError
+from headrace.pipeline.batch import BatchPolicy
+from headrace.pipeline.source import JetStreamSource
+
+if TYPE_CHECKING:
+    from headrace.nats.connection import Connection
+    from headrace.pipeline.runtime import PipelineRun
+
+Kind = Literal["source", "map", "filter", "flat_map", "merge", "sink"]
+Ordering = Literal["all", "subject", "none"]
+OPERATORS = ("map", "filter", "flat_map")
+
+
+class PipelineError(HeadraceError, ValueError):
+    """A pipeline graph that cannot run; the message names the node."""
+
+
+@attrs.define(eq=False, kw_only=True)
+class Node:
+    """A node of the graph: a source, an operator, a merge, or a sink."""
+
+    pipeline: Pipeline
+    kind: Kind
+    name: str
+    upstream: list[Node] = attrs.field(factory=list)
+    downstream: list[Node] = attrs.field(factory=list)
+    #: source
+    source: JetStreamSource | None = None
+    #: operators
+    fn: Callable[..., Any] | None = None
+    concurrency: int = 1
+    ordered: Ordering = "all"
+    record: bool = False
+    on_error: Literal["nak", "crash"] = "nak"
+    #: sinks
+    sink_obj: Any = None
+    batch: BatchPolicy = attrs.field(factory=BatchPolicy)
+    restart: RestartPolicy = attrs.field(factory=Escalate)
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.name!r}>"
+
+    def _then(self, kind: Kind, fn: Callable[..., Any] | None, name: str | None, **kw: Any) -> Node:
+        if self.kind == "sink":
+            raise PipelineError(f"sink {self.name!r} has no output to continue from")
+        node = self.pipeline._add(kind, name or _fn_name(fn, kind), fn=fn, **kw)
+        node.upstream.append(self)
+        self.downstream.append(node)
+        return node
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        name: str | None = None,
+        concurrency: int = 1,
+        ordered: Ordering = "all",
+        record: bool = False,
+        on_error: Literal["nak", "crash"] = "nak",
+        restart: RestartPolicy | None = None,
+    ) -> Node:
+        """Each record's value becomes ``fn(value)``."""
+        return self._then(
+            "map",
+            fn,
+            name,
+            concurrency=concurrency,
+            ordered=ordered,
+            record=record,
+            on_error=on_error,
+            restart=restart or Escalate(),
+        )
+
+    def filter(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        name: str | None = None,
+        concurrency: int = 1,
+        ordered: Ordering = "all",
+        record: bool = False,
+        on_error: Literal["nak", "crash"] = "nak",
+        restart: RestartPolicy | None = None,
+    ) -> Node:
+        """Keep the records for which ``fn`` is true; the others' messages are acked when
+        dropped."""
+        return self._then(
+            "filter",
+            fn,
+            name,
+            concurrency=concurrency,
+            ordered=ordered,
+            record=record,
+            on_error=on_error,
+            restart=restart or Escalate(),
+        )
+
+    def flat_map(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        name: str | None = None,
+        concurrency: int = 1,
+        ordered: Ordering = "all",
+        record: bool = False,
+        on_error: Literal["nak", "crash"] = "nak",
+        restart: RestartPolicy | None = None,
+    ) -> Node:
+        """Each record becomes the records of the values ``fn(value)`` yields (none drops it)."""
+        return self._then(
+            "flat_map",
+            fn,
+            name,
+            concurrency=concurrency,
+            ordered=ordered,
+            record=record,
+            on_error=on_error,
+            restart=restart or Escalate(),
+        )
+
+    def sink(
+        self,
+        sink: Any,
+        *,
+        name: str | None = None,
+        batch: BatchPolicy | None = None,
+        restart: RestartPolicy | None = None,
+    ) -> Node:
+        """Write records to ``sink`` in batches cut by ``batch``; records are acked after the
+        sink committed them."""
+        default = getattr(sink, "name", None) or type(sink).__name__.lower()
+        return self._then(
+            "sink",
+            None,
+            name or default,
+            sink_obj=sink,
+            batch=batch or BatchPolicy(),
+            restart=restart or Escalate(),
+        )
+
+
+def _fn_name(fn: Callable[..., Any] | None, kind: str) -> str:
+    name = getattr(fn, "__name__", "") if fn is not None else ""
+    return kind if not name or name == "<lambda>" else name
+
+
+class Pipeline:
+    """A named graph of sources, operators and sinks, and how its deliveries are acked.
+
+    ``max_deliveries``: a message whose processing failed this many deliveries is a poison
+    message: terminated (+TERM) and published to ``dead_letter`` if set. ``nak_delay`` and
+    ``nak_delay_max`` bound the backoff of naks before that. ``drain_timeout``: how long a
+    cancelled pipeline may take to commit and ack what it holds before it is stopped hard.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        dead_letter: str | None = None,
+        max_deliveries: int = 5,
+        nak_delay: float = 1.0,
+        nak_delay_max: float = 60.0,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        if not name:
+            raise PipelineError("a pipeline needs a name")
+        if max_deliveries < 1:
+            raise PipelineError("max_deliveries must be at least 1")
+        self.name = name
+        self.dead_letter = dead_letter
+        self.max_deliveries = max_deliveries
+        self.nak_delay = nak_delay
+        self.nak_delay_max = nak_delay_max
+        self.drain_timeout = drain_timeout
+        self.nodes: list[Node] = []
+
+    def __repr__(self) -> str:
+        return f"<Pipeline {self.name!r} {len(self.nodes)} nodes>"
+
+    def _add(self, kind: Kind, name: str, **kw: Any) -> Node:
+        taken = {n.name for n in self.nodes}
+        unique, i = name, 2
+        while unique in taken:
+            unique, i = f"{name}-{i}", i + 1
+        node = Node(pipeline=self, kind=kind, name=unique, **kw)
+        self.nodes.append(node)
+        return node
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def source(self, spec: JetStreamSource, *, name: str | None = None) -> Node:
+        """A JetStream source (see :class:`JetStreamSource`)."""
+        if not isinstance(spec, JetStreamSource):
+            raise PipelineError(f"a source must be a JetStreamSource, not {spec!r}")
+        return self._add("source", name or spec.durable or spec.stream.lower(), source=spec)
+
+    def merge(self, *nodes: Node, name: str | None = None) -> Node:
+        """One flow from several: records of every input, interleaved as they come."""
+        if len(nodes) < 2:
+            raise PipelineError("merge needs at least two inputs")
+        node = self._add("merge", name or "merge")
+        for upstream in nodes:
+            if upstream.pipeline is not self:
+                raise PipelineError(f"{upstream!r} belongs to another pipeline")
+            if upstream.kind == "sink":
+                raise PipelineError(f"sink {upstream.name!r} has no output to merge")
+            node.upstream.append(upstream)
+            upstream.downstream.append(node)
+        return node
+
+    @property
+    def sources(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "source"]
+
+    @property
+    def sinks(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "sink"]
+
+    # -- checking ---------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise :class:`PipelineError`, naming the node, for a graph that cannot run."""
+        if not self.sources:
+            raise PipelineError(f"pipeline {self.name!r} has no source")
+        if not self.sinks:
+            raise PipelineError(f"pipeline {self.name!r} has no sink: nothing would be committed")
+        for node in self.nodes:
+            if node.kind != "sink" and not node.downstream:
+                raise PipelineError(
+                    f"{node.kind} {node.name!r} is not connected to anything downstream: its "
+                    "records would never be committed or acked; add a sink after it"
+                )
+            if node.kind in OPERATORS:
+                if node.concurrency < 1:
+                    raise PipelineError(f"{node.kind} {node.name!r}: concurrency must be >= 1")
+                if node.ordered not in ("all", "subject", "none"):
+                    raise PipelineError(
+                        f"{node.kind} {node.name!r}: ordered must be 'all', 'subject' or 'none'"
+                    )
+                if not callable(node.fn):
+                    raise PipelineError(f"{node.kind} {node.name!r}: its function is not callable")
+                if node.concurrency > 1 and not inspect.iscoroutinefunction(node.fn):
+                    pass  # sync functions run in worker threads then
+            if node.kind == "sink" and not callable(getattr(node.sink_obj, "write_batch", None)):
+                raise PipelineError(f"sink {node.name!r} has no write_batch(batch) method")
+        self._check_acyclic()
+        for sink in self.sinks:
+            for src in self.sources_of(sink):
+                assert src.source is not None
+                limit = src.source.config.max_ack_pending
+                if limit is not None:
+                    self.check_batch_fits(sink, src, limit)
+
+    def check_batch_fits(self, sink: Node, source: Node, max_ack_pending: int) -> None:
+        """A batch larger than the consumer's max_ack_pending can never fill: the server stops
+        delivering once that many messages wait for their ack."""
+        if max_ack_pending > 0 and sink.batch.max_messages > max_ack_pending:
+            raise PipelineError(
+                f"sink {sink.name!r} batches {sink.batch.max_messages} messages, more than the "
+                f"max_ack_pending ({max_ack_pending}) of source {source.name!r}: its batches "
+                "could only ever be cut by age. Lower the batch or raise max_ack_pending"
+            )
+
+    def _check_acyclic(self) -> None:
+        state: dict[int, int] = {}
+
+        def visit(node: Node, path: list[str]) -> None:
+            mark = state.get(id(node), 0)
+            if mark == 1:
+                raise PipelineError(f"cycle through {' -> '.join([*path, node.name])}")
+            if mark == 2:
+                return
+            state[id(node)] = 1
+            for nxt in node.downstream:
+                visit(nxt, [*path, node.name])
+            state[id(node)] = 2
+
+        for node in self.nodes:
+            visit(node, [])
+
+    def sources_of(self, node: Node) -> list[Node]:
+        """The sources whose records can reach ``node``."""
+        found: list[Node] = []
+        stack, seen = [node], set()
+        while stack:
+            current = stack.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if current.kind == "source":
+                found.append(current)
+            stack.extend(current.upstream)
+        return found
+
+    # -- describing -------------------------------------------------------------------------
+
+    def describe(self, states: dict[str, str] | None = None) -> str:
+        """A Mermaid flowchart of the graph with its internal actors; ``states`` (actor name to
+        state) adds each actor's state, as a running pipeline does."""
+        from headrace.pipeline.describe import mermaid
+
+        return mermaid(self, states or {})
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run(self, nc: Connection) -> None:
+        """Run until cancelled; cancelling drains (see :meth:`running`)."""
+        async with self.running(nc) as run:
+            await run.wait_finished()
+
+    @asynccontextmanager
+    async def running(self, nc: Connection) -> AsyncIterator[PipelineRun]:
+        """Run the pipeline next to the caller's code: ``async with pipe.running(nc) as run:``.
+
+        Leaving the block, or cancelling the task in it, drains: sources stop pulling, open
+        batches are cut and committed, their messages acked, within ``drain_timeout``; past it
+        the pipeline is stopped hard and what was not committed is redelivered later. An
+        actor that fails for good stops the pipeline and the block with its original error.
+        """
+        from headrace.pipeline.runtime import PipelineRun
+
+        self.validate()
+        run = PipelineRun(self, nc)
+        async with run.lifetime():
+            yield run

@@ -1,0 +1,213 @@
+"""A running pipeline: its actors, their supervision, and drain-on-cancel.
+
+The stages run in a nursery inside a shielded cancel scope, so that cancelling the caller does
+not cut them off: it starts a drain instead. Sources stop pulling and pass on what the server
+already sent, each stage finishes what it holds and passes an END on, batchers cut their last
+batches, sinks commit them, the tracker acks them, and the acks are flushed to the server. The
+drain has ``drain_timeout`` seconds; past that the shielded scope cancels itself (a hard stop)
+and whatever was not committed is redelivered by the server after its ack wait.
+
+Each stage runs under its node's restart policy. A stage that fails for good stops the pipeline
+and the caller's block with its original error (with a note naming the actor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from headrace.actors.actor import Actor
+from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, supervise
+from headrace.jetstream.consumer_config import ConsumerInfo
+from headrace.jetstream.context import JetStream
+from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT, AckTracker
+from headrace.pipeline.stages import (
+    BatcherStage,
+    OperatorStage,
+    SinkStage,
+    SourceStage,
+    Stage,
+)
+from headrace.pipeline.stats import PipelineStats
+
+if TYPE_CHECKING:
+    from headrace.nats.connection import Connection
+    from headrace.pipeline.graph import Pipeline
+
+
+@attrs.frozen(slots=True)
+class StageError:
+    """A failure a stage reported and survived (a sink write that failed: its messages are
+    naked and come back)."""
+
+    stage: str
+    error: BaseException
+    at: float
+
+
+class PipelineRun:
+    """The running form of a :class:`Pipeline`: actors, stats, states, drain."""
+
+    def __init__(self, pipeline: Pipeline, nc: Connection, *, js: JetStream | None = None) -> None:
+        self.pipeline = pipeline
+        self.nc = nc
+        self.js = js or JetStream(nc)
+        self.stats = PipelineStats()
+        self.tracker = AckTracker(pipeline, self.js, self.stats)
+        self.stages: dict[str, Stage] = {}
+        self.sources: list[SourceStage] = []
+        self.draining = False
+        self.stopping = False
+        self.errors: list[StageError] = []
+        self._scope: trio.CancelScope | None = None
+        self._finished = trio.Event()
+        self._sinks_left = 0
+        self._build()
+
+    # -- wiring -----------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        for node in self.pipeline.nodes:
+            stage: Stage
+            if node.kind == "source":
+                stage = SourceStage(node, self)
+                self.sources.append(stage)
+            elif node.kind == "sink":
+                batcher = BatcherStage(node)
+                writer = SinkStage(node, self.tracker, self)
+                batcher.downstream.append(writer)
+                self.stages[batcher.name] = batcher
+                self.stages[writer.name] = writer
+                self._sinks_left += 1
+                continue
+            else:
+                stage = OperatorStage(node, self.tracker)
+            self.stages[stage.name] = stage
+        by_node = {id(s.node): s for s in self.stages.values() if not isinstance(s, SinkStage)}
+        for stage in list(self.stages.values()):
+            if isinstance(stage, SinkStage | BatcherStage):
+                continue
+            stage.downstream = [by_node[id(n)] for n in stage.node.downstream]
+
+    def bound(self, source: SourceStage, info: ConsumerInfo) -> None:
+        """A source bound its consumer: check batches against max_ack_pending, learn the ack
+        wait for the tracker's +WPI."""
+        node = source.node
+        self.tracker.ack_wait[node.name] = info.config.ack_wait or DEFAULT_ACK_WAIT
+        limit = info.config.max_ack_pending
+        if limit:
+            for sink in self.pipeline.sinks:
+                if node in self.pipeline.sources_of(sink):
+                    self.pipeline.check_batch_fits(sink, node, limit)
+
+    def report_error(self, stage: str, error: BaseException) -> None:
+        self.errors.append(StageError(stage, error, trio.current_time()))
+        del self.errors[:-100]
+
+    # -- looking at it ----------------------------------------------------------------------
+
+    @property
+    def actors(self) -> list[Actor[Any]]:
+        """Every actor of the run: the stages, the ack tracker, and each source's JetStream
+        actors (consume buffer, consumer lifecycle, heartbeat monitor, ...)."""
+        found: list[Actor[Any]] = [*self.stages.values(), self.tracker]
+        for source in self.sources:
+            found.extend(source.internal_actors)
+        return found
+
+    def states(self) -> dict[str, str]:
+        """Actor name to state, the connection supervisor included."""
+        states = {a.name: a.state.value for a in self.actors}
+        states[self.nc.actor_name] = self.nc.actor_state
+        return states
+
+    def describe(self) -> str:
+        return self.pipeline.describe(self.states())
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def _policy(self, stage: Stage) -> RestartPolicy:
+        node = stage.node
+        if isinstance(stage, OperatorStage | SinkStage):
+            return node.restart
+        return Escalate()
+
+    async def _main(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with trio.CancelScope(shield=True) as scope:
+                self._scope = scope
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(supervise, self.tracker, Escalate())
+                    for stage in reversed(list(self.stages.values())):  # consumers first
+                        await nursery.start(supervise, stage, self._policy(stage))
+                    task_status.started()
+                    await self._wait_sinks()
+                    with trio.move_on_after(5):
+                        await self.nc.flush()  # the last acks reach the server
+                    nursery.cancel_scope.cancel()
+        finally:
+            # However it ended (drained, stopped hard, failed), nobody may wait for it longer.
+            self._finished.set()
+
+    async def _wait_sinks(self) -> None:
+        for writer in [s for s in self.stages.values() if isinstance(s, SinkStage)]:
+            await writer.wait_stopped()
+
+    def drain(self) -> None:
+        """Start draining (idempotent); the hard stop follows after ``drain_timeout``."""
+        if self.draining:
+            return
+        self.draining = True
+        if self._scope is not None:
+            self._scope.deadline = trio.current_time() + self.pipeline.drain_timeout
+        for source in self.sources:
+            source.request_drain()
+
+    async def wait_finished(self) -> None:
+        """Wait until the pipeline has drained and stopped (it runs until asked to)."""
+        await self._finished.wait()
+
+    @asynccontextmanager
+    async def lifetime(self) -> AsyncIterator[None]:
+        body_error: BaseException | None = None
+        try:
+            async with trio.open_nursery() as outer:
+                await outer.start(self._main)
+                try:
+                    yield
+                except BaseException as exc:
+                    body_error = exc
+                with trio.CancelScope(shield=True):
+                    self.drain()
+                    await self._finished.wait()
+                self.stopping = True
+        except BaseExceptionGroup as group:
+            failed = _find_failure(group)
+            if failed is not None:
+                error = failed.error
+                error.add_note(
+                    f"headrace: actor {failed.actor!r} of pipeline "
+                    f"{self.pipeline.name!r} failed for good"
+                )
+                raise error from None
+            raise
+        if body_error is not None:
+            try:
+                raise body_error
+            finally:
+                body_error = None
+
+
+def _find_failure(group: BaseExceptionGroup[Any]) -> ActorFailed | None:
+    for exc in group.exceptions:
+        if isinstance(exc, ActorFailed):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _find_failure(exc)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,363 @@
+"""The actors a pipeline graph runs as: source, operator, batcher, sink writer.
+
+They pass lists of records (one per source batch, not one per record) through bounded inboxes,
+so a slow stage holds up the ones before it down to the source, whose consume then stops asking
+the server for more. :data:`END` follows the last batch of a stage that has finished (a drained
+source, and then each stage after it), so a drain completes in order: what was taken is
+processed, committed and acked before the pipeline stops.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from headrace.actors.actor import Actor
+from headrace.errors import SubscriptionClosedError
+from headrace.pipeline.batch import Batch
+from headrace.pipeline.record import Record
+from headrace.pipeline.sink import SinkRunner
+
+if TYPE_CHECKING:
+    from headrace.jetstream.context import JetStream
+    from headrace.pipeline.ack_tracker import AckTracker
+    from headrace.pipeline.graph import Node
+    from headrace.pipeline.runtime import PipelineRun
+
+INBOX_BATCHES = 8
+
+
+class _End:
+    def __repr__(self) -> str:
+        return "END"
+
+
+END = _End()
+Item = list[Record] | _End
+
+
+class Stage(Actor[Item]):
+    """An actor with downstream stages; it fans its output out to all of them."""
+
+    def __init__(self, name: str, node: Node) -> None:
+        super().__init__(name, inbox_size=INBOX_BATCHES)
+        self.node = node
+        self.downstream: list[Stage] = []
+        self._ends = 0
+
+    async def forward(self, records: list[Record]) -> None:
+        k = len(self.downstream)
+        if k > 1:
+            for record in records:
+                record.delivery.pending += k - 1
+        for stage in self.downstream:
+            await stage.send(records)
+
+    async def forward_end(self) -> None:
+        for stage in self.downstream:
+            await stage.send(END)
+
+    def ended(self) -> bool:
+        """Count an END; True once every upstream has ended."""
+        self._ends += 1
+        return self._ends >= max(len(self.node.upstream), 1)
+
+
+class SourceStage(Stage):
+    """Consumes a JetStream consumer and admits its messages as records."""
+
+    def __init__(self, node: Node, run: PipelineRun) -> None:
+        super().__init__(f"source:{node.name}", node)
+        self.run_ = run
+        self.subscription: Any = None
+        self.buffer: Any = None
+        self._drain_requested = trio.Event()
+
+    @property
+    def internal_actors(self) -> list[Actor[Any]]:
+        """The JetStream actors behind this source (consume buffer, lifecycle, ASM)."""
+        found: list[Actor[Any]] = []
+        if self.subscription is not None:
+            found.extend(self.subscription.actors)
+        if self.buffer is not None and self.buffer not in found:
+            found.append(self.buffer)
+        return found
+
+    async def run(self) -> None:
+        spec = self.node.source
+        assert spec is not None
+        js: JetStream = self.run_.js
+        tracker = self.run_.tracker
+        config = spec.consumer_config()
+        subject = spec.filter_subjects[0] if len(spec.filter_subjects) == 1 else None
+        if spec.pull:
+            async with js.pull_subscribe(
+                subject,
+                stream=spec.stream,
+                durable=spec.durable,
+                config=config,
+                delete_policy=spec.delete_policy,
+            ) as sub:
+                self.subscription = sub
+                self.run_.bound(self, sub.consumer.cached_info)
+                async with sub.consume(spec.consume) as messages:
+                    self.buffer = messages
+                    await self._pump(messages, tracker)
+        else:
+            async with js.subscribe(
+                subject,
+                stream=spec.stream,
+                durable=spec.durable,
+                config=config,
+                delete_policy=spec.delete_policy,
+            ) as sub:
+                self.subscription = sub
+                self.run_.bound(self, sub.info)
+                await self._pump(sub, tracker)
+        await self.forward_end()
+
+    async def _pump(self, messages: Any, tracker: AckTracker) -> None:
+        name = self.node.name
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._drain_when_asked, messages)
+            while True:
+                try:
+                    batch = await messages.next_batch()
+                except SubscriptionClosedError:
+                    break  # drained: everything taken has been passed on
+                await self.forward(tracker.admit(batch, name))
+            if not self._drain_requested.is_set():
+                nursery.cancel_scope.cancel()
+            # else: let the drain finish (a push subscription's drain waits for its acks,
+            # which the stages downstream are about to produce)
+
+    async def _drain_when_asked(self, messages: Any) -> None:
+        await self._drain_requested.wait()
+        await messages.drain()
+
+    def request_drain(self) -> None:
+        self._drain_requested.set()
+
+
+class OperatorStage(Stage):
+    """map, filter, flat_map, or merge (which passes batches through)."""
+
+    def __init__(self, node: Node, tracker: AckTracker) -> None:
+        super().__init__(f"{node.kind}:{node.name}", node)
+        self.tracker = tracker
+        fn = node.fn
+        self._async = fn is not None and inspect.iscoroutinefunction(fn)
+        self._limiter = trio.CapacityLimiter(max(node.concurrency, 1))
+
+    async def run(self) -> None:
+        inbox = self.inbox
+        while True:
+            item = await inbox.receive()
+            if isinstance(item, _End):
+                if self.ended():
+                    await self.forward_end()
+                    return
+                continue
+            if self.node.kind == "merge":
+                await self.forward(item)
+                continue
+            try:
+                out = await self._apply(item)
+            except Exception as exc:
+                # on_error="crash": the whole batch fails (nak), then the actor fails and its
+                # restart policy decides.
+                self.tracker.failed(item, exc)
+                raise
+            if out:
+                await self.forward(out)
+
+    async def _call(self, arg: Any) -> Any:
+        fn = self.node.fn
+        assert fn is not None
+        if self._async:
+            return await fn(arg)
+        if self.node.concurrency > 1:
+            return await trio.to_thread.run_sync(fn, arg, limiter=self._limiter)
+        return fn(arg)
+
+    async def _apply(self, batch: list[Record]) -> list[Record]:
+        node = self.node
+        if node.concurrency == 1:
+            results: list[tuple[Record, Any, BaseException | None]] = []
+            for record in batch:
+                arg = record if node.record else record.value
+                try:
+                    results.append((record, await self._call(arg), None))
+                except Exception as exc:
+                    if node.on_error == "crash":
+                        raise
+                    results.append((record, None, exc))
+        else:
+            results = await self._apply_concurrently(batch)
+        return self._collect(results)
+
+    async def _apply_concurrently(
+        self, batch: list[Record]
+    ) -> list[tuple[Record, Any, BaseException | None]]:
+        node = self.node
+        slots: list[tuple[Record, Any, BaseException | None] | None] = [None] * len(batch)
+        finished: list[int] = []
+        crash: list[BaseException] = []
+
+        async def one(i: int) -> None:
+            record = batch[i]
+            try:
+                value = await self._call(record if node.record else record.value)
+                slots[i] = (record, value, None)
+            except Exception as exc:
+                if node.on_error == "crash":
+                    crash.append(exc)
+                slots[i] = (record, None, exc)
+            finished.append(i)
+
+        async def chain(indices: list[int]) -> None:
+            for i in indices:  # one subject's records, in order
+                await one(i)
+
+        limiter = trio.CapacityLimiter(node.concurrency)
+
+        async def limited(fn: Any, *args: Any) -> None:
+            async with limiter:
+                await fn(*args)
+
+        async with trio.open_nursery() as nursery:
+            if node.ordered == "subject":
+                groups: dict[str, list[int]] = {}
+                for i, record in enumerate(batch):
+                    groups.setdefault(record.subject, []).append(i)
+                for indices in groups.values():
+                    nursery.start_soon(limited, chain, indices)
+            else:
+                for i in range(len(batch)):
+                    nursery.start_soon(limited, one, i)
+        if crash:
+            raise crash[0]
+        order: Iterable[int] = finished if node.ordered == "none" else range(len(batch))
+        return [slot for i in order if (slot := slots[i]) is not None]
+
+    def _collect(self, results: list[tuple[Record, Any, BaseException | None]]) -> list[Record]:
+        kind = self.node.kind
+        out: list[Record] = []
+        dropped: list[Record] = []
+        for record, value, error in results:
+            if error is not None:
+                self.tracker.failed([record], error)
+            elif kind == "map":
+                out.append(Record(value, record.delivery))
+            elif kind == "filter":
+                (out if value else dropped).append(record)
+            else:  # flat_map
+                values = list(value) if value is not None else []
+                if not values:
+                    dropped.append(record)
+                    continue
+                record.delivery.pending += len(values) - 1
+                out.extend(Record(v, record.delivery) for v in values)
+        if dropped:
+            self.tracker.release(dropped)
+        return out
+
+
+class BatcherStage(Stage):
+    """Cuts batches for one sink by count, bytes and age, and hands them to its writer."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(f"batcher:{node.name}", node)
+        self._records: list[Record] = []
+        self._bytes = 0
+        self._first_at = math.inf
+
+    async def run(self) -> None:
+        policy = self.node.batch
+        inbox = self.inbox
+        while True:
+            deadline = self._first_at + policy.max_age
+            item: Item | None = None
+            with trio.move_on_at(deadline):
+                item = await inbox.receive()
+            if item is None:
+                await self._cut()
+                continue
+            if isinstance(item, _End):
+                if self.ended():
+                    await self._cut()
+                    await self.forward_end()
+                    return
+                continue
+            last = len(item) - 1
+            for i, record in enumerate(item):
+                if not self._records:
+                    self._first_at = trio.current_time()
+                self._records.append(record)
+                if policy.max_bytes is not None:
+                    self._bytes += len(record.data)
+                full = len(self._records) >= policy.max_messages or (
+                    policy.max_bytes is not None and self._bytes >= policy.max_bytes
+                )
+                # Cut only between messages: the records of one message (a flat_map's) go in
+                # one batch, so a sink deduplicating by stream sequence never skips half.
+                if full and (i == last or item[i + 1].delivery is not record.delivery):
+                    await self._cut()
+
+    async def _cut(self) -> None:
+        if not self._records:
+            self._first_at = math.inf
+            return
+        records, self._records = self._records, []
+        self._bytes = 0
+        self._first_at = math.inf
+        await self.forward(records)
+
+
+class SinkStage(Stage):
+    """Writes batches to a sink and reports what was committed (or failed) to the tracker."""
+
+    def __init__(self, node: Node, tracker: AckTracker, run: PipelineRun) -> None:
+        super().__init__(f"sink:{node.name}", node)
+        # One batch waits while one is written: the batcher fills the next meanwhile.
+        self._send, self.inbox = trio.open_memory_channel[Item](1)
+        self.tracker = tracker
+        self.run_ = run
+        self.runner = SinkRunner(node.sink_obj, node.name)
+
+    async def run(self) -> None:
+        await self.runner.open()
+        try:
+            while True:
+                item = await self.inbox.receive()
+                if isinstance(item, _End):
+                    if self.ended():
+                        return
+                    continue
+                await self._write(item)
+        finally:
+            # Closed however the run ends (a restart opens it again); bounded, so a sink that
+            # hangs in close cannot hold the pipeline.
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await self.runner.close()
+
+    async def _write(self, records: list[Record]) -> None:
+        stats = self.run_.stats
+        batch = Batch(records, self.node.name)
+        started = trio.current_time()
+        try:
+            await self.runner.write_batch(batch)
+        except Exception as exc:
+            stats.batches_failed += 1
+            self.tracker.failed(records, exc)
+            self.run_.report_error(self.node.name, exc)
+            return
+        elapsed = trio.current_time() - started
+        stats.batches_committed += 1
+        stats.commit_seconds_last = elapsed
+        stats.commit_seconds_total += elapsed
+        self.tracker.committed(records)
