@@ -41,6 +41,17 @@ if TYPE_CHECKING:
 DEFAULT_ACK_WAIT = 30.0
 
 
+class _Group:
+    """Deliveries that arrived together, with how many are not settled yet."""
+
+    __slots__ = ("deliveries", "open", "received")
+
+    def __init__(self, received: float, deliveries: list[Delivery]) -> None:
+        self.received = received
+        self.deliveries = deliveries
+        self.open = len(deliveries)
+
+
 @attrs.frozen(slots=True)
 class _Poison:
     deliveries: list[Delivery]
@@ -55,8 +66,13 @@ class AckTracker(Actor[_Poison]):
         self.stats = stats
         #: ack_wait of each source's consumer (seconds), learned when it binds.
         self.ack_wait: dict[str, float] = {}
-        # Deliveries by arrival, in the groups they arrived in, for the +WPI scan.
-        self._groups: deque[tuple[float, list[Delivery]]] = deque()
+        #: Messages each source has in the pipeline (taken, not yet acked, naked or
+        #: terminated), and the sources waiting for that number to fall.
+        self.in_flight: dict[str, int] = {}
+        self._room = trio.lowlevel.ParkingLot()
+        # Deliveries by arrival, in the groups they arrived in, for the +WPI scan; settled groups
+        # leave from the front as they complete, so only what is in flight is kept.
+        self._groups: deque[_Group] = deque()
 
     # -- reports from the other actors (synchronous) ------------------------------------------
 
@@ -64,7 +80,11 @@ class AckTracker(Actor[_Poison]):
         """Messages taken from a source become deliveries and records."""
         now = trio.current_time()
         deliveries = [Delivery(m, now, source) for m in msgs]
-        self._groups.append((now, deliveries))
+        group = _Group(now, deliveries)
+        for delivery in deliveries:
+            delivery.group = group
+        self._groups.append(group)
+        self.in_flight[source] = self.in_flight.get(source, 0) + len(msgs)
         stats = self.stats
         stats.messages_in += len(msgs)
         stats.ack_pending += len(msgs)
@@ -88,16 +108,27 @@ class AckTracker(Actor[_Poison]):
 
     def _settle(self, records: list[Record]) -> None:
         ready: list[JsMsg] = []
+        in_flight = self.in_flight
         for record in records:
             delivery = record.delivery
             delivery.pending -= 1
             if delivery.pending <= 0 and not delivery.done:
                 delivery.done = True
+                delivery.group.open -= 1
                 ready.append(delivery.msg)
+                in_flight[delivery.source] -= 1
         if ready:
             ack_all(ready)
             self.stats.acks += len(ready)
             self.stats.ack_pending -= len(ready)
+            self._forget_settled()
+            if self._room:
+                self._room.unpark_all()
+
+    def _forget_settled(self) -> None:
+        groups = self._groups
+        while groups and groups[0].open <= 0:
+            groups.popleft()
 
     def failed(self, records: list[Record], error: BaseException) -> None:
         """Processing these records failed: nak their messages (or, past ``max_deliveries``,
@@ -111,7 +142,9 @@ class AckTracker(Actor[_Poison]):
                 continue
             delivery.failed = True
             delivery.done = True
+            delivery.group.open -= 1
             self.stats.ack_pending -= 1
+            self.in_flight[delivery.source] -= 1
             msg = delivery.msg
             delivered = msg.metadata.num_delivered
             if delivered >= self.pipeline.max_deliveries:
@@ -124,6 +157,15 @@ class AckTracker(Actor[_Poison]):
             self.stats.naks += 1
         if poison:
             self.tell(_Poison(poison, error))
+        self._forget_settled()
+        if self._room:
+            self._room.unpark_all()
+
+    async def wait_room(self, source: str, limit: int) -> None:
+        """Wait while ``source`` has ``limit`` or more messages in the pipeline: the bound on
+        memory, whatever the stages' inboxes could hold."""
+        while self.in_flight.get(source, 0) >= limit:
+            await self._room.park()
 
     # -- the actor's task: poison messages and +WPI ---------------------------------------------
 
@@ -141,25 +183,19 @@ class AckTracker(Actor[_Poison]):
 
     def _send_in_progress(self) -> None:
         now = trio.current_time()
-        groups = self._groups
-        kept: deque[tuple[float, list[Delivery]]] = deque()
-        while groups:
-            received, deliveries = groups[0]
-            open_ = [d for d in deliveries if not d.done]
-            if not open_:
-                groups.popleft()
+        for group in self._groups:
+            if group.open <= 0:
                 continue
+            open_ = [d for d in group.deliveries if not d.done]
             half = self.ack_wait.get(open_[0].source, DEFAULT_ACK_WAIT) / 2
-            if now - received < half:
+            if now - group.received < half:
                 break  # younger groups follow: none of them is due
-            groups.popleft()
+            group.deliveries = open_  # keep only what is still in flight
             for delivery in open_:
                 if now >= delivery.wpi_at:
                     delivery.msg.in_progress_nowait()
                     delivery.wpi_at = now + half
                     self.stats.in_progress += 1
-            kept.append((received, open_))
-        groups.extendleft(reversed(kept))
 
     async def _poison(self, job: _Poison) -> None:
         dead_letter = self.pipeline.dead_letter

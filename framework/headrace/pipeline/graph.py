@@ -180,9 +180,12 @@ class Pipeline:
     """A named graph of sources, operators and sinks, and how its deliveries are acked.
 
     ``max_deliveries``: a message whose processing failed this many deliveries is a poison
-    message: terminated (+TERM) and published to ``dead_letter`` if set. ``nak_delay`` and
-    ``nak_delay_max`` bound the backoff of naks before that. ``drain_timeout``: how long a
-    cancelled pipeline may take to commit and ack what it holds before it is stopped hard.
+    message: terminated (+TERM) and published to ``dead_letter`` if set. ``max_in_flight``
+    bounds the messages a source has in the pipeline at once (taken, not yet acked), which
+    bounds memory; by default twice the larger of its consume buffer and its largest batch.
+    ``nak_delay`` and ``nak_delay_max`` bound the backoff of naks before that.
+    ``drain_timeout``: how long a cancelled pipeline may take to commit and ack what it holds
+    before it is stopped hard.
     """
 
     def __init__(
@@ -194,6 +197,7 @@ class Pipeline:
         nak_delay: float = 1.0,
         nak_delay_max: float = 60.0,
         drain_timeout: float = 30.0,
+        max_in_flight: int | None = None,
     ) -> None:
         if not name:
             raise PipelineError("a pipeline needs a name")
@@ -205,6 +209,9 @@ class Pipeline:
         self.nak_delay = nak_delay
         self.nak_delay_max = nak_delay_max
         self.drain_timeout = drain_timeout
+        if max_in_flight is not None and max_in_flight < 1:
+            raise PipelineError("max_in_flight must be at least 1")
+        self.max_in_flight = max_in_flight
         self.nodes: list[Node] = []
 
     def __repr__(self) -> str:

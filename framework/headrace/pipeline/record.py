@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 class Delivery:
     """One JetStream message in flight; see the module docs."""
 
-    __slots__ = ("done", "failed", "msg", "pending", "received", "source", "wpi_at")
+    __slots__ = ("done", "failed", "group", "msg", "pending", "received", "source", "wpi_at")
 
     def __init__(self, msg: JsMsg, received: float, source: str) -> None:
+        #: The arrival group it belongs to (the ack tracker's bookkeeping), if any.
+        self.group: Any = None
         self.msg = msg
         self.pending = 1
         #: Set when a sink or an operator failed on a record of it: it will not be acked.

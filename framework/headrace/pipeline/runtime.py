@@ -36,7 +36,7 @@ from headrace.pipeline.stats import PipelineStats
 
 if TYPE_CHECKING:
     from headrace.nats.connection import Connection
-    from headrace.pipeline.graph import Pipeline
+    from headrace.pipeline.graph import Node, Pipeline
 
 
 @attrs.frozen(slots=True)
@@ -103,6 +103,22 @@ class PipelineRun:
             for sink in self.pipeline.sinks:
                 if node in self.pipeline.sources_of(sink):
                     self.pipeline.check_batch_fits(sink, node, limit)
+
+    def max_in_flight(self, source: Node) -> int:
+        """How many of a source's messages may be in the pipeline at once (taken and not yet
+        settled): the source's own ``max_in_flight`` if set, else twice the larger of its
+        consume buffer and the largest batch it feeds, so a batch can always fill while the
+        next one is being taken."""
+        spec = source.source
+        assert spec is not None
+        if self.pipeline.max_in_flight is not None:
+            return self.pipeline.max_in_flight
+        batches = [
+            s.batch.max_messages
+            for s in self.pipeline.sinks
+            if source in self.pipeline.sources_of(s)
+        ]
+        return 2 * max([spec.consume.buffer_messages, *batches])
 
     def report_error(self, stage: str, error: BaseException) -> None:
         self.errors.append(StageError(stage, error, trio.current_time()))

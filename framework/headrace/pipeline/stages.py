@@ -122,11 +122,13 @@ class SourceStage(Stage):
 
     async def _pump(self, messages: Any, tracker: AckTracker) -> None:
         name = self.node.name
+        limit = self.run_.max_in_flight(self.node)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._drain_when_asked, messages)
             while True:
+                await tracker.wait_room(name, limit)
                 try:
-                    batch = await messages.next_batch()
+                    batch = await messages.next_batch(limit - tracker.in_flight.get(name, 0))
                 except SubscriptionClosedError:
                     break  # drained: everything taken has been passed on
                 await self.forward(tracker.admit(batch, name))
