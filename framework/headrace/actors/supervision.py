@@ -67,6 +67,23 @@ async def supervise(
     """Run ``actor`` under ``policy`` until it stops or escalates (the task function for
     ``nursery.start``; it reports started once the actor first runs)."""
     failures: deque[float] = deque()
+    try:
+        await _supervised(actor, policy, task_status, failures)
+    finally:
+        # However it ended (stopped, escalated, cancelled, even during a restart backoff), the
+        # actor is done: its inbox refuses messages, and whoever waits for it is released.
+        if actor.state in (ActorState.RUNNING, ActorState.RESTARTING, ActorState.STARTING):
+            actor.state = ActorState.STOPPED
+        actor._send.close()
+        actor._done.set()
+
+
+async def _supervised(
+    actor: Actor[Any],
+    policy: RestartPolicy,
+    task_status: trio.TaskStatus[None],
+    failures: deque[float],
+) -> None:
     restarts = 0
     started = False
     with trio.CancelScope() as scope:
