@@ -30,6 +30,8 @@ pull retried after a delay, so a consume never stalls on it. Every terminating s
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +42,7 @@ from headrace.actors.actor import Actor, ActorState
 from headrace.errors import NatsError, SubscriptionClosedError
 from headrace.jetstream.errors import ConsumerDeleted, ConsumerNotFound, JetStreamError
 from headrace.jetstream.events import HeartbeatsMissed, PullWarning
-from headrace.jetstream.message import JsMsg, wire_size
+from headrace.jetstream.message import WPI, JsMsg, wire_size
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, pending_counts, status_error
 from headrace.nats.events import (
@@ -156,6 +158,12 @@ class ConsumeBuffer(Actor[_Control]):
         self._ack_none = consumer.ack_none
         self.inbox_subject = self._nc.new_inbox()
         self._buf: deque[Msg] = deque()
+        # When the buffered messages arrived, as [time, count] runs in buffer order: read by
+        # keep_alive(), so messages waiting here for a slow reader are not redelivered.
+        self._arrivals: deque[list[float]] = deque()
+        #: When the oldest message of the last batch taken arrived (or was last kept alive by
+        #: ``+WPI``): its ack_wait runs from then, not from when it was taken.
+        self.taken_since = 0.0
         self._buffered_bytes = 0
         #: Messages (or bytes) requested and not yet taken by the user.
         self.pending_msgs = 0
@@ -215,6 +223,7 @@ class ConsumeBuffer(Actor[_Control]):
             buf.clear()
         else:
             taken = [buf.popleft() for _ in range(max_msgs)]
+        self._forget_arrivals(len(taken))
         if self.options.bytes_mode:
             size = sum(map(wire_size, taken))
             self._buffered_bytes -= size
@@ -230,6 +239,44 @@ class ConsumeBuffer(Actor[_Control]):
         if tracker is not None and not ack_none:
             tracker.delivered(len(taken))
         return [JsMsg(m, nc, ack_none, tracker) for m in taken]
+
+    def keep_alive(self, arrived_before: float) -> int:
+        """Send ``+WPI`` for buffered messages that arrived before ``arrived_before`` (a
+        ``trio.current_time()``), and count them as arrived now; return how many.
+
+        A reader slower than the server (a pipeline waiting for room) leaves messages here, and
+        their ack_wait runs from delivery: without this they would be redelivered while waiting.
+        """
+        if self._ack_none:
+            return 0
+        now = trio.current_time()
+        publish = self._nc.publish_nowait
+        sent = 0
+        position = 0
+        for run in self._arrivals:
+            arrived, count = run
+            if arrived < arrived_before:
+                for msg in itertools.islice(self._buf, position, position + int(count)):
+                    assert msg.reply is not None
+                    publish(msg.reply, WPI)
+                    sent += 1
+                run[0] = now
+            position += int(count)
+        return sent
+
+    def _forget_arrivals(self, taken: int) -> None:
+        arrivals = self._arrivals
+        since = math.inf
+        while taken and arrivals:
+            run = arrivals[0]
+            since = min(since, run[0])
+            if run[1] <= taken:
+                taken -= int(run[1])
+                arrivals.popleft()
+            else:
+                run[1] -= taken
+                taken = 0
+        self.taken_since = since if since != math.inf else trio.current_time()
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -290,19 +337,25 @@ class ConsumeBuffer(Actor[_Control]):
     # -- the reader's side (runs in the connection's reader task: must not block) -------------
 
     def _on_batch(self, batch: list[Msg]) -> None:
-        self._last_activity = trio.current_time()
+        now = self._last_activity = trio.current_time()
         buf = self._buf
-        bytes_mode = self.options.bytes_mode
-        added = False
-        for msg in batch:
-            if msg.reply is not None:
-                buf.append(msg)
-                if bytes_mode:
+        before = len(buf)
+        if self.options.bytes_mode:
+            for msg in batch:
+                if msg.reply is not None:
+                    buf.append(msg)
                     self._buffered_bytes += wire_size(msg)
-                added = True
-            else:
-                self._on_status(msg)
+                else:
+                    self._on_status(msg)
+        else:
+            for msg in batch:
+                if msg.reply is not None:
+                    buf.append(msg)
+                else:
+                    self._on_status(msg)
+        added = len(buf) - before
         if added:
+            self._arrivals.append([now, added])
             self._getters.unpark_all()
 
     def _on_status(self, msg: Msg) -> None:
