@@ -20,7 +20,6 @@ import sys
 import tempfile
 
 import trio
-
 from headrace.jetstream import ConsumeOptions, JetStream, StreamConfig
 from headrace.localserver import LocalServer
 from headrace.nats import Connection, connect
@@ -74,8 +73,10 @@ async def main(out_dir: str) -> None:
                 await counter.wait_for(ORDERS + 1, timeout=60)
                 nursery.cancel_scope.cancel()  # our tasks stop; leaving the block drains
             s = run.stats
-            print(f"done: {s.records_out} records committed, {s.acks} messages acked, "
-                  f"large orders in {out_dir}")
+            print(
+                f"done: {s.records_out} records committed, {s.acks} messages acked, "
+                f"large orders in {out_dir}"
+            )
 
 
 if __name__ == "__main__":

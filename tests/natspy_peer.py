@@ -55,3 +55,40 @@ class NatsPyPeer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         self.loop.close()
+
+
+async def consumer_info(natspy: NatsPyPeer, stream: str = "S", durable: str = "C") -> Any:
+    """Consumer info as nats-py (the independent peer) reads it."""
+
+    async def go() -> Any:
+        return await natspy.nc.jetstream().consumer_info(stream, durable)
+
+    return await natspy.call(go)
+
+
+async def wait_consumer(
+    natspy: NatsPyPeer,
+    predicate: Callable[[Any], bool],
+    stream: str = "S",
+    durable: str = "C",
+    timeout: float = 10.0,
+) -> Any:
+    """Consumer info once ``predicate(info)`` holds (a consumer not created yet counts as not
+    matching). Polls, briefly and under a time limit: the server's consumer state has no event
+    a client can wait for."""
+    from nats.js.errors import NotFoundError
+
+    info = None
+    try:
+        with trio.fail_after(timeout):
+            while True:
+                try:
+                    info = await consumer_info(natspy, stream, durable)
+                except NotFoundError:
+                    pass
+                else:
+                    if predicate(info):
+                        return info
+                await trio.sleep(0.02)
+    except trio.TooSlowError:
+        raise AssertionError(f"consumer state never matched; last seen: {info}") from None

@@ -34,6 +34,7 @@ from waiting import FAST, next_event
 
 E = TypeVar("E")
 
+
 async def test_server_restart_resubscribes_and_loses_nothing_accepted(nats_server):
     """Publish and subscribe on one connection while the server restarts: every message whose
     flush succeeded arrives; rounds whose flush was interrupted are the only uncertain ones."""

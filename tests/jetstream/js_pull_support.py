@@ -28,8 +28,10 @@ from headrace.jetstream import (
 )
 from headrace.jetstream import pull_consumer as pull_consumer_module
 from headrace.protocol.events import Msg
+from natspy_peer import consumer_info, wait_consumer
 
 E = TypeVar("E")
+
 
 #: Quick reconnects, as in tests/connection.
 async def setup_pull(
@@ -87,11 +89,7 @@ async def natspy_publish(natspy: Any, n: int, subject: str = "s.x", start: int =
 
 async def consumer_state(natspy: Any, stream: str = "S", name: str = "C") -> Any:
     """Consumer info as nats-py (the independent peer) reads it."""
-
-    async def info() -> Any:
-        return await natspy.nc.jetstream().consumer_info(stream, name)
-
-    return await natspy.call(info)
+    return await consumer_info(natspy, stream, name)
 
 
 async def poll_consumer(
@@ -101,14 +99,8 @@ async def poll_consumer(
     name: str = "C",
     timeout: float = 5.0,
 ) -> Any:
-    """Consumer info once ``predicate(info)`` holds. Server-side state has no event to wait
-    for, so this polls (briefly) under a time limit."""
-    with trio.fail_after(timeout):
-        while True:
-            info = await consumer_state(natspy, stream, name)
-            if predicate(info):
-                return info
-            await trio.sleep(0.02)
+    """Consumer info once ``predicate(info)`` holds (polled: see ``wait_consumer``)."""
+    return await wait_consumer(natspy, predicate, stream, name, timeout)
 
 
 # -- the probing consume buffer ---------------------------------------------------------------

@@ -30,6 +30,8 @@ from headrace.nats import Disconnected, EventWatcher, Reconnected, connect
 from waiting import FAST, EventLog, next_event, no_event
 
 E = TypeVar("E")
+
+
 @pytest.fixture
 async def js(nats_server) -> AsyncIterator[JetStream]:
     async with connect(nats_server.url, **FAST) as nc:

@@ -15,21 +15,23 @@ subject if one is set. The dead-letter publish waits for the stream's PubAck (or
 stream captures the subject) before the +TERM, so a poison message is never just dropped.
 
 Slow commits: the tracker's own task sends +WPI (work in progress) for messages held longer than
-half of their consumer's ack_wait, so that a slow sink does not cause redeliveries.
+half of their consumer's ack_wait, so that a slow sink does not cause redeliveries. The same scan
+asks each pull source's consume buffer to do so for messages still waiting there (a source stops
+taking while its ``max_in_flight`` messages are in the pipeline).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from headrace.actors.actor import Actor
 from headrace.errors import NatsError
-from headrace.jetstream.errors import JetStreamError, NoStreamForSubject
+from headrace.jetstream.errors import JetStreamError, StreamLookupError
 from headrace.jetstream.message import JsMsg, ack_all
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.stats import PipelineStats
@@ -58,7 +60,12 @@ class _Poison:
     error: BaseException
 
 
-class AckTracker(Actor[_Poison]):
+@attrs.frozen(slots=True)
+class _Wake:
+    """A source learned its ack_wait: the scan interval may have become shorter."""
+
+
+class AckTracker(Actor[_Poison | _Wake]):
     def __init__(self, pipeline: Pipeline, js: JetStream, stats: PipelineStats) -> None:
         super().__init__("ack-tracker", inbox_size=math.inf)
         self.pipeline = pipeline
@@ -73,12 +80,24 @@ class AckTracker(Actor[_Poison]):
         # Deliveries by arrival, in the groups they arrived in, for the +WPI scan; settled groups
         # leave from the front as they complete, so only what is in flight is kept.
         self._groups: deque[_Group] = deque()
+        #: Each pull source's consume buffer, kept alive by the same scan.
+        self.buffers: dict[str, Any] = {}
+        # Whether a stream captures the dead-letter subject (looked up once).
+        self._dead_letter_stream: bool | None = None
+
+    def learn_ack_wait(self, source: str, ack_wait: float, buffer: Any = None) -> None:
+        """A source bound its consumer: scan for +WPI at a quarter of its ack_wait."""
+        self.ack_wait[source] = ack_wait
+        if buffer is not None:
+            self.buffers[source] = buffer
+        self.tell(_Wake())
 
     # -- reports from the other actors (synchronous) ------------------------------------------
 
-    def admit(self, msgs: list[JsMsg], source: str) -> list[Record]:
-        """Messages taken from a source become deliveries and records."""
-        now = trio.current_time()
+    def admit(self, msgs: list[JsMsg], source: str, since: float | None = None) -> list[Record]:
+        """Messages taken from a source become deliveries and records. ``since``: when their
+        ack_wait started (they may have waited in a consume buffer), if not now."""
+        now = trio.current_time() if since is None else since
         deliveries = [Delivery(m, now, source) for m in msgs]
         group = _Group(now, deliveries)
         for delivery in deliveries:
@@ -170,12 +189,19 @@ class AckTracker(Actor[_Poison]):
     # -- the actor's task: poison messages and +WPI ---------------------------------------------
 
     async def run(self) -> None:
+        # A deadline, not a timeout per receive: a stream of poison messages must not keep
+        # postponing the +WPI scan.
+        next_scan = trio.current_time() + self._scan_interval()
         while True:
-            with trio.move_on_after(self._scan_interval()):
+            with trio.move_on_at(next_scan):
                 job = await self.inbox.receive()
-                await self._poison(job)
+                if isinstance(job, _Poison):
+                    await self._poison(job)
+                else:  # a source bound: its ack_wait may call for an earlier scan
+                    next_scan = min(next_scan, trio.current_time() + self._scan_interval())
                 continue
             self._send_in_progress()
+            next_scan = trio.current_time() + self._scan_interval()
 
     def _scan_interval(self) -> float:
         waits = self.ack_wait.values()
@@ -183,13 +209,16 @@ class AckTracker(Actor[_Poison]):
 
     def _send_in_progress(self) -> None:
         now = trio.current_time()
+        for source, buffer in self.buffers.items():
+            sent = buffer.keep_alive(now - self.ack_wait.get(source, DEFAULT_ACK_WAIT) / 2)
+            self.stats.in_progress += sent
         for group in self._groups:
             if group.open <= 0:
                 continue
-            open_ = [d for d in group.deliveries if not d.done]
-            half = self.ack_wait.get(open_[0].source, DEFAULT_ACK_WAIT) / 2
+            half = self.ack_wait.get(group.deliveries[0].source, DEFAULT_ACK_WAIT) / 2
             if now - group.received < half:
-                break  # younger groups follow: none of them is due
+                continue  # (not a break: sources' groups interleave, with their own ack_waits)
+            open_ = [d for d in group.deliveries if not d.done]
             group.deliveries = open_  # keep only what is still in flight
             for delivery in open_:
                 if now >= delivery.wpi_at:
@@ -230,9 +259,17 @@ class AckTracker(Actor[_Poison]):
                 if name.startswith("Nats-"):
                     continue  # the server's own (de-duplication, expectations): not to replay
                 headers.setdefault(name, value)
-        try:
+        if self._dead_letter_stream is None:
+            try:
+                await self.js.find_stream(subject)
+                self._dead_letter_stream = True
+            except StreamLookupError:
+                self._dead_letter_stream = False
+        if self._dead_letter_stream:
             await self.js.publish(subject, msg.data, headers=headers)
-        except NoStreamForSubject:
-            # No stream keeps dead letters: a core publish, confirmed by a flush, is all there is.
+        else:
+            # No stream keeps dead letters: a core publish, confirmed by a flush, is all there
+            # is. (Not a JetStream publish: a core subscriber on the subject would receive it as
+            # a request and never answer, and the publish would time out and be retried.)
             await self.js.nc.publish(subject, msg.data, headers=headers)
             await self.js.nc.flush()

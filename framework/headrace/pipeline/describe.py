@@ -33,7 +33,14 @@ def _internal_actors(node: Node) -> list[str]:
     return names
 
 
-def mermaid(pipeline: Pipeline, states: dict[str, str]) -> str:
+def mermaid(
+    pipeline: Pipeline,
+    states: dict[str, str],
+    internal_actors: dict[str, list[str]] | None = None,
+) -> str:
+    """``internal_actors``: the real names of each source's JetStream actors, from a running
+    pipeline (an ephemeral consumer's name is known only once created); otherwise they are
+    derived from the source's configuration."""
     ids: dict[str, str] = {}
 
     def node_id(name: str) -> str:
@@ -54,13 +61,8 @@ def mermaid(pipeline: Pipeline, states: dict[str, str]) -> str:
         spec = node.source
         assert spec is not None
         source_actor = f"source:{node.name}"
-        internal = _internal_actors(node)
-        # A running pipeline knows the real names (an ephemeral consumer's, for instance).
-        running = [
-            n for n in states if n.split(":", 1)[0] in {a.split(":", 1)[0] for a in internal}
-        ]
-        if running:
-            internal = sorted(running)
+        known = (internal_actors or {}).get(node.name)
+        internal = known if known else _internal_actors(node)
         lines.append(
             f'  subgraph {node_id("sg:" + node.name)}["source {_label(node.name)}: '
             f'{_label(spec.describe())}"]'

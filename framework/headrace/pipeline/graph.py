@@ -338,12 +338,17 @@ class Pipeline:
 
     # -- describing -------------------------------------------------------------------------
 
-    def describe(self, states: dict[str, str] | None = None) -> str:
+    def describe(
+        self,
+        states: dict[str, str] | None = None,
+        internal_actors: dict[str, list[str]] | None = None,
+    ) -> str:
         """A Mermaid flowchart of the graph with its internal actors; ``states`` (actor name to
-        state) adds each actor's state, as a running pipeline does."""
+        state) adds each actor's state and ``internal_actors`` (source name to the names of its
+        JetStream actors) their real names, as a running pipeline does."""
         from headrace.pipeline.describe import mermaid
 
-        return mermaid(self, states or {})
+        return mermaid(self, states or {}, internal_actors)
 
     # -- running ----------------------------------------------------------------------------
 

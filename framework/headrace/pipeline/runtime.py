@@ -65,6 +65,12 @@ class PipelineRun:
         self.errors: list[StageError] = []
         self._scope: trio.CancelScope | None = None
         self._finished = trio.Event()
+        self._stop_requested = False
+        #: Set once finished: the drain did not end within ``drain_timeout`` and the stages
+        #: were stopped (messages taken and not committed are redelivered after ack_wait).
+        self.drain_timed_out = False
+        #: Set once finished: :meth:`stop` ended the run before it had drained.
+        self.stopped_hard = False
         self._sinks_left = 0
         self._build()
 
@@ -97,7 +103,9 @@ class PipelineRun:
         """A source bound its consumer: check batches against max_ack_pending, learn the ack
         wait for the tracker's +WPI."""
         node = source.node
-        self.tracker.ack_wait[node.name] = info.config.ack_wait or DEFAULT_ACK_WAIT
+        self.tracker.learn_ack_wait(
+            node.name, info.config.ack_wait or DEFAULT_ACK_WAIT, source.buffer
+        )
         limit = info.config.max_ack_pending
         if limit:
             for sink in self.pipeline.sinks:
@@ -142,7 +150,8 @@ class PipelineRun:
         return states
 
     def describe(self) -> str:
-        return self.pipeline.describe(self.states())
+        internal = {s.node.name: sorted(a.name for a in s.internal_actors) for s in self.sources}
+        return self.pipeline.describe(self.states(), internal)
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -165,6 +174,11 @@ class PipelineRun:
                     with trio.move_on_after(5):
                         await self.nc.flush()  # the last acks reach the server
                     nursery.cancel_scope.cancel()
+            if scope.cancelled_caught:
+                if self._stop_requested:
+                    self.stopped_hard = True
+                else:
+                    self.drain_timed_out = True
         finally:
             # However it ended (drained, stopped hard, failed), nobody may wait for it longer.
             self._finished.set()
@@ -182,6 +196,18 @@ class PipelineRun:
             self._scope.deadline = trio.current_time() + self.pipeline.drain_timeout
         for source in self.sources:
             source.request_drain()
+
+    def stop(self) -> None:
+        """Stop now, without waiting for the drain: every stage is cancelled (a sink's worker
+        thread is abandoned). What was taken and not committed is neither acked nor naked, so
+        the server redelivers it after its ack_wait; nothing is lost."""
+        self.draining = True
+        self._stop_requested = True
+        if self._scope is not None:
+            self._scope.cancel()
+        else:
+            for source in self.sources:
+                source.request_drain()
 
     async def wait_finished(self) -> None:
         """Wait until the pipeline has drained and stopped (it runs until asked to)."""

@@ -44,7 +44,10 @@ class SinkRunner:
         if inspect.iscoroutinefunction(fn):
             await fn(*args)
         else:
-            await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+            # abandon_on_cancel: a hard stop must not wait for a thread stuck in a sink's I/O.
+            # The batch is then not committed (so redelivered); the limiter keeps the next call
+            # from overlapping the abandoned one.
+            await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, abandon_on_cancel=True)
 
     async def open(self) -> None:
         await self._call("open")

@@ -18,6 +18,7 @@ import trio
 
 from headrace.actors.actor import Actor
 from headrace.errors import SubscriptionClosedError
+from headrace.jetstream.errors import JetStreamError
 from headrace.pipeline.batch import Batch
 from headrace.pipeline.record import Record
 from headrace.pipeline.sink import SinkRunner
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from headrace.pipeline.ack_tracker import AckTracker
     from headrace.pipeline.graph import Node
     from headrace.pipeline.runtime import PipelineRun
+    from headrace.pipeline.source import JetStreamSource
 
 INBOX_BATCHES = 8
 
@@ -90,6 +92,18 @@ class SourceStage(Stage):
     async def run(self) -> None:
         spec = self.node.source
         assert spec is not None
+        try:
+            await self._consume(spec)
+        except JetStreamError as exc:
+            # "stream not found" alone does not say which of the pipeline's sources failed.
+            kind = "pull" if spec.pull else "push"
+            exc.add_note(
+                f"headrace: source {self.node.name!r} reads stream {spec.stream!r} through "
+                f"{kind} consumer {spec.durable or '(ephemeral)'!r}"
+            )
+            raise
+
+    async def _consume(self, spec: JetStreamSource) -> None:
         js: JetStream = self.run_.js
         tracker = self.run_.tracker
         config = spec.consumer_config()
@@ -103,9 +117,9 @@ class SourceStage(Stage):
                 delete_policy=spec.delete_policy,
             ) as sub:
                 self.subscription = sub
-                self.run_.bound(self, sub.consumer.cached_info)
                 async with sub.consume(spec.consume) as messages:
                     self.buffer = messages
+                    self.run_.bound(self, sub.consumer.cached_info)
                     await self._pump(messages, tracker)
         else:
             async with js.subscribe(
@@ -131,7 +145,9 @@ class SourceStage(Stage):
                     batch = await messages.next_batch(limit - tracker.in_flight.get(name, 0))
                 except SubscriptionClosedError:
                     break  # drained: everything taken has been passed on
-                await self.forward(tracker.admit(batch, name))
+                await self.forward(
+                    tracker.admit(batch, name, getattr(messages, "taken_since", None))
+                )
             if not self._drain_requested.is_set():
                 nursery.cancel_scope.cancel()
             # else: let the drain finish (a push subscription's drain waits for its acks,
@@ -152,7 +168,12 @@ class OperatorStage(Stage):
         super().__init__(f"{node.kind}:{node.name}", node)
         self.tracker = tracker
         fn = node.fn
-        self._async = fn is not None and inspect.iscoroutinefunction(fn)
+        # A coroutine function, or an object whose __call__ is one (which iscoroutinefunction
+        # does not see through).
+        self._async = fn is not None and (
+            inspect.iscoroutinefunction(fn)
+            or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+        )
         self._limiter = trio.CapacityLimiter(max(node.concurrency, 1))
 
     async def run(self) -> None:
