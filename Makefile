@@ -35,6 +35,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/headrace bench core
 	$(BIN)/headrace bench consume --anchors
+	$(BIN)/headrace bench pipeline
 
 ## The peers' own figures on this machine (nats-py, nats.js, libnats), for context.
 anchors: $(STAMP)

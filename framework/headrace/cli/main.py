@@ -42,6 +42,17 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
         if any(r["impl"] == "headrace" and "error" in r for r in results):
             return 1  # headrace failed a correctness check: no figure to trust
+    elif args.what == "pipeline":
+        from headrace.benchmarks import consume, pipeline
+
+        try:
+            kwargs = {"buffer": args.buffer} if args.buffer else {}
+            results = pipeline.run(args.messages, args.payload, as_json=args.json, **kwargs)
+        except (LocalServerError, consume.BenchmarkError) as exc:
+            print(f"headrace bench: {exc}", file=sys.stderr)
+            return 2
+        if any(r["impl"] == "headrace-pipeline" and "error" in r for r in results):
+            return 1
     return 0
 
 
@@ -66,10 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "what",
-        choices=["core", "consume"],
+        choices=["core", "consume", "pipeline"],
         help=(
             "core: core NATS subscriber throughput vs nats-py; consume: JetStream consume "
-            "throughput (ack none and ack every message) vs nats-py fetch"
+            "throughput (ack none and ack every message) vs nats-py fetch; pipeline: a "
+            "source-map-sink pipeline acking after commit vs the same loop in nats-py"
         ),
     )
     bench.add_argument("--messages", type=int, default=200_000, help="default: 200000")
@@ -88,9 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--buffer",
         type=int,
         default=None,
-        help="consume only: headrace's consume max_messages (default 10000; see bench/README.md)",
+        help=(
+            "consume and pipeline: headrace's consume max_messages (defaults 10000 and the "
+            "pipeline benchmark's own; see bench/README.md)"
+        ),
     )
     bench.set_defaults(func=_bench)
+
+    from headrace.cli import graph, run
+
+    run.add_parser(commands)
+    graph.add_parser(commands)
     return parser
 
 
@@ -100,4 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         sys.exit(0)
-    sys.exit(args.func(args))
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        # Interrupted before `run` installed its signal handling (while importing TARGET).
+        print("headrace: interrupted", file=sys.stderr)
+        code = 128 + 2
+    sys.exit(code)

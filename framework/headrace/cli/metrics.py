@@ -1,0 +1,219 @@
+"""Prometheus metrics of a running pipeline, and the small HTTP server that serves them.
+
+:func:`render` writes the text exposition format 0.0.4; :func:`serve` answers ``GET /metrics``
+(and ``HEAD``) on a TCP port of 127.0.0.1 with it, 404 for every other path, 405 for other
+methods, over HTTP/1.1 with ``Connection: close`` (one request per connection; Prometheus
+scrapes are one request each anyway). Every metric is named ``headrace_...`` and labelled with
+the pipeline's name; see docs/cli.md for the list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from headrace._version import __version__
+from headrace.actors.actor import ActorState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_REQUEST_HEAD = 16 * 1024
+REQUEST_TIMEOUT = 10.0
+
+#: Stats snapshot key -> (counter name, help).
+COUNTERS: dict[str, tuple[str, str]] = {
+    "messages_in": ("headrace_messages_total", "JetStream messages taken from the sources."),
+    "redeliveries": (
+        "headrace_redeliveries_total",
+        "Messages taken that had been delivered before.",
+    ),
+    "records_out": ("headrace_records_committed_total", "Records committed by the sinks."),
+    "dropped": ("headrace_records_dropped_total", "Records dropped by filters (acked)."),
+    "batches_committed": ("headrace_batches_committed_total", "Batches committed by the sinks."),
+    "batches_failed": ("headrace_batches_failed_total", "Batches whose write failed (naked)."),
+    "acks": ("headrace_acks_total", "Messages acked."),
+    "naks": ("headrace_naks_total", "Messages naked (redelivered later)."),
+    "terms": ("headrace_terms_total", "Poison messages terminated."),
+    "dead_lettered": ("headrace_dead_lettered_total", "Poison messages sent to the dead letter."),
+    "in_progress": ("headrace_in_progress_total", "Work-in-progress (+WPI) acks sent."),
+    "errors": ("headrace_errors_total", "Operator and sink failures."),
+}
+
+STATES = [s.value for s in ActorState]
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Snapshot:
+    """What the metrics show: the stats, the actor states, and the run's status."""
+
+    pipeline: str
+    stats: dict[str, Any]
+    states: dict[str, str]
+    draining: bool = False
+    started_at: float = 0.0  # Unix time
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def render(snap: Snapshot) -> str:
+    """The metrics of ``snap`` in the Prometheus text format 0.0.4."""
+    label = f'pipeline="{_escape(snap.pipeline)}"'
+    stats = snap.stats
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} {kind}")
+        out.extend(f"{name}{{{labels}}} {_number(value)}" for labels, value in samples)
+
+    metric(
+        "headrace_info",
+        "gauge",
+        "The pipeline and the headrace version running it.",
+        [(f'{label},version="{_escape(__version__)}"', 1)],
+    )
+    for key, (name, help_) in COUNTERS.items():
+        metric(name, "counter", help_, [(label, stats.get(key, 0))])
+    name = "headrace_commit_seconds"
+    out.append(f"# HELP {name} Time sinks took to commit a batch (write_batch), summed.")
+    out.append(f"# TYPE {name} summary")
+    out.append(f"{name}_sum{{{label}}} {_number(float(stats.get('commit_seconds_total', 0.0)))}")
+    out.append(f"{name}_count{{{label}}} {_number(stats.get('batches_committed', 0))}")
+    metric(
+        "headrace_commit_last_seconds",
+        "gauge",
+        "Time the last committed batch took.",
+        [(label, float(stats.get("commit_seconds_last", 0.0)))],
+    )
+    metric(
+        "headrace_lag_messages",
+        "gauge",
+        "Messages the consumer still holds for the pipeline (num_pending of the last message).",
+        [(label, stats.get("lag", 0))],
+    )
+    metric(
+        "headrace_ack_pending_messages",
+        "gauge",
+        "Messages taken and not yet acked, naked or terminated.",
+        [(label, stats.get("ack_pending", 0))],
+    )
+    metric(
+        "headrace_draining",
+        "gauge",
+        "1 while the pipeline drains (after SIGINT/SIGTERM), else 0.",
+        [(label, 1 if snap.draining else 0)],
+    )
+    metric(
+        "headrace_start_time_seconds",
+        "gauge",
+        "When the pipeline started, in seconds since the Unix epoch.",
+        [(label, snap.started_at)],
+    )
+    samples: list[tuple[str, float]] = []
+    for actor, current in snap.states.items():
+        states = STATES if current in STATES else [*STATES, current]
+        samples.extend(
+            (f'{label},actor="{_escape(actor)}",state="{_escape(state)}"', int(state == current))
+            for state in states
+        )
+    metric(
+        "headrace_actor_state",
+        "gauge",
+        "1 for the state each actor is in, 0 for the others.",
+        samples,
+    )
+    return "\n".join(out) + "\n"
+
+
+# -- the HTTP server --------------------------------------------------------------------------
+
+
+def _response(
+    status: str, body: bytes, content_type: str, extra: str = "", head: bool = False
+) -> bytes:
+    headers = (
+        f"HTTP/1.1 {status}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"{extra}"
+        "Connection: close\r\n"
+        "\r\n"
+    )
+    return headers.encode("ascii") + (b"" if head else body)
+
+
+def _text(status: str, text: str, extra: str = "", head: bool = False) -> bytes:
+    return _response(status, text.encode(), "text/plain; charset=utf-8", extra, head)
+
+
+async def _read_head(stream: trio.abc.Stream) -> bytes | None:
+    data = bytearray()
+    while b"\r\n\r\n" not in data and b"\n\n" not in data:
+        if len(data) > MAX_REQUEST_HEAD:
+            return None
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            return bytes(data) if data else None
+        data += chunk
+    return bytes(data)
+
+
+def answer(head: bytes | None, body: Callable[[], str]) -> bytes:
+    """The response to a request whose head (request line and headers) is ``head``."""
+    if head is None:
+        return _text("400 Bad Request", "bad request\n")
+    line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        return _text("400 Bad Request", "bad request\n")
+    method, target = parts[0], parts[1]
+    path = target.split(b"?", 1)[0]
+    is_head = method == b"HEAD"
+    if method not in (b"GET", b"HEAD"):
+        return _text("405 Method Not Allowed", "method not allowed\n", "Allow: GET, HEAD\r\n")
+    if path != b"/metrics":
+        return _text("404 Not Found", "not found: try /metrics\n", head=is_head)
+    try:
+        text = body()
+    except Exception as exc:
+        return _text("500 Internal Server Error", f"{type(exc).__name__}: {exc}\n", head=is_head)
+    return _response("200 OK", text.encode(), CONTENT_TYPE, head=is_head)
+
+
+async def serve(
+    port: int,
+    snapshot: Callable[[], Snapshot],
+    *,
+    host: str = "127.0.0.1",
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``GET /metrics`` on ``host:port`` until cancelled; ``started()`` with the port
+    (useful with ``port=0``, which picks a free one)."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            head: bytes | None = None
+            with trio.move_on_after(REQUEST_TIMEOUT):
+                head = await _read_head(stream)
+            await stream.send_all(answer(head, lambda: render(snapshot())))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the client went away
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    bound = listeners[0].socket.getsockname()[1]
+    task_status.started(bound)
+    await trio.serve_listeners(handle, listeners)

@@ -1,0 +1,248 @@
+"""What ``headrace run`` shows while it runs: a live view, plain lines, or JSON lines.
+
+All three take the same calls: :meth:`Reporter.progress` with a :class:`Sample` once per
+interval, and :meth:`Reporter.event` for what happens in between (``started``, ``metrics``,
+``draining``, ``error``, ``stopping``, ``stopped``). They write to one text stream, standard
+error by default, so that standard output stays free for a sink that writes there.
+
+- :class:`LiveView` (a terminal): a block of lines redrawn in place; events are printed above it.
+- :class:`PlainLines`: one ``key=value`` line per interval and per event, for log files
+  (:class:`EventsOnly`: the event lines alone).
+- :class:`JsonLines`: one JSON object per line, ``{"ts", "event", "pipeline", ...}``; progress
+  objects carry the stats snapshot, the rates and the actor states.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+from collections import Counter
+from typing import Any, TextIO
+
+import attrs
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Sample:
+    """One look at a running pipeline."""
+
+    pipeline: str
+    uptime: float
+    stats: dict[str, Any]
+    states: dict[str, str]
+    #: JetStream messages taken per second since the previous sample.
+    rate: float
+    #: Records committed by sinks per second since the previous sample.
+    out_rate: float
+    draining: bool = False
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}ms"
+
+
+def _commit_avg(stats: dict[str, Any]) -> float:
+    n = stats.get("batches_committed", 0)
+    return stats.get("commit_seconds_total", 0.0) / n if n else 0.0
+
+
+def _plain_value(value: Any) -> str:
+    text = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    if not text or any(c.isspace() or c in '"=' for c in text):
+        return json.dumps(text)
+    return text
+
+
+class Reporter:
+    """Base class: writes to ``out`` and flushes after each report."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def progress(self, sample: Sample) -> None:
+        raise NotImplementedError
+
+    def event(self, event: str, pipeline: str, **fields: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The run is over: leave the output tidy."""
+
+    def _write(self, text: str) -> None:
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # nobody reads any more (a closed pipe): the run goes on regardless
+
+
+class JsonLines(Reporter):
+    """One JSON object per line."""
+
+    def progress(self, sample: Sample) -> None:
+        self.event(
+            "progress",
+            sample.pipeline,
+            uptime=round(sample.uptime, 3),
+            rate=round(sample.rate, 1),
+            out_rate=round(sample.out_rate, 1),
+            draining=sample.draining,
+            stats=sample.stats,
+            states=sample.states,
+        )
+
+    def event(self, event: str, pipeline: str, **fields: Any) -> None:
+        obj = {"ts": _now(), "event": event, "pipeline": pipeline, **fields}
+        self._write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
+
+
+class PlainLines(Reporter):
+    """``key=value`` lines: one per interval, one per event."""
+
+    def progress(self, sample: Sample) -> None:
+        s = sample.stats
+        states = sample.states
+        running = sum(1 for v in states.values() if v == "running")
+        others = ",".join(f"{k}:{v}" for k, v in states.items() if v != "running")
+        parts = [
+            f"in={s['messages_in']}",
+            f"rate={sample.rate:.1f}/s",
+            f"out={s['records_out']}",
+            f"lag={s['lag']}",
+            f"ack_pending={s['ack_pending']}",
+            f"batches={s['batches_committed']}",
+            f"batches_failed={s['batches_failed']}",
+            f"acks={s['acks']}",
+            f"naks={s['naks']}",
+            f"redelivered={s['redeliveries']}",
+            f"errors={s['errors']}",
+            f"commit_last={_ms(s['commit_seconds_last'])}",
+            f"commit_avg={_ms(_commit_avg(s))}",
+            f"actors_running={running}/{len(states)}",
+        ]
+        if others:
+            parts.append(f"actors_other={others}")
+        self._line("progress", sample.pipeline, " ".join(parts))
+
+    def event(self, event: str, pipeline: str, **fields: Any) -> None:
+        text = " ".join(
+            f"{k}={_plain_value(v)}" for k, v in fields.items() if not isinstance(v, dict)
+        )
+        self._line(event, pipeline, text)
+
+    def _line(self, event: str, pipeline: str, text: str) -> None:
+        self._write(f"{_now()} {event} pipeline={_plain_value(pipeline)} {text}".rstrip() + "\n")
+
+
+class EventsOnly(PlainLines):
+    """Plain event lines, no progress (``--progress none``)."""
+
+    def progress(self, sample: Sample) -> None:
+        pass
+
+
+class LiveView(Reporter):
+    """A block of lines redrawn in place on a terminal (ANSI cursor movement)."""
+
+    def __init__(self, out: TextIO) -> None:
+        super().__init__(out)
+        self._drawn = 0
+        self._last: Sample | None = None
+        self._last_error = ""
+
+    def _width(self) -> int:
+        try:
+            columns = os.get_terminal_size(self.out.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+        if columns <= 0:
+            columns = shutil.get_terminal_size((100, 24)).columns
+        # One column spare: a line that fills the row exactly wraps on some terminals.
+        return max(columns - 1, 20)
+
+    def _erase(self) -> str:
+        if not self._drawn:
+            return ""
+        # To the start of the first line of the block, then clear to the end of the screen.
+        return f"\x1b[{self._drawn}F\x1b[J"
+
+    def _block(self, sample: Sample) -> list[str]:
+        s = sample.stats
+        width = self._width()
+        status = "draining" if sample.draining else "running"
+        lines = [
+            f"headrace run {sample.pipeline}   up {_duration(sample.uptime)}   {status}",
+            f"  in      {s['messages_in']:>12,} msg   {sample.rate:>10,.1f} msg/s"
+            f"   redelivered {s['redeliveries']:,}",
+            f"  out     {s['records_out']:>12,} rec   {sample.out_rate:>10,.1f} rec/s"
+            f"   dropped {s['dropped']:,}",
+            f"  lag     {s['lag']:>12,} pending    ack pending {s['ack_pending']:,}",
+            f"  batches {s['batches_committed']:>12,} committed  failed {s['batches_failed']:,}"
+            f"   commit {_ms(s['commit_seconds_last'])} (avg {_ms(_commit_avg(s))})",
+            f"  acks    {s['acks']:>12,}   naks {s['naks']:,}   terms {s['terms']:,}"
+            f"   dead-lettered {s['dead_lettered']:,}   in progress {s['in_progress']:,}",
+            f"  errors  {s['errors']:>12,}   {self._last_error}",
+            "  actors",
+        ]
+        counts = Counter(sample.states.values())
+        summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        lines[-1] += f"  ({summary})"
+        name_width = max((len(n) for n in sample.states), default=0)
+        for name, state in sample.states.items():
+            lines.append(f"    {name:<{name_width}}  {state}")
+        return [line[:width] for line in lines]
+
+    def _draw(self, prefix: str = "") -> None:
+        if self._last is None:
+            self._write(self._erase() + prefix)
+            self._drawn = 0
+            return
+        block = self._block(self._last)
+        self._write(self._erase() + prefix + "".join(line + "\n" for line in block))
+        self._drawn = len(block)
+
+    def progress(self, sample: Sample) -> None:
+        self._last = sample
+        self._draw()
+
+    def event(self, event: str, pipeline: str, **fields: Any) -> None:
+        if event == "error":
+            self._last_error = f"last: {fields.get('stage', '?')}: {fields.get('error', '')}"
+        details = " ".join(
+            f"{k}={_plain_value(v)}" for k, v in fields.items() if not isinstance(v, dict)
+        )
+        # Not cut to the terminal's width: the block is redrawn below it, whatever its height.
+        self._draw(f"{_now()} {event} {pipeline} {details}".rstrip() + "\n")
+
+    def close(self) -> None:
+        self._drawn = 0  # leave the last view on the screen
+
+
+def make_reporter(mode: str, out: TextIO) -> Reporter:
+    """``mode``: ``json``, ``plain``, ``live``, ``none`` (events only), or ``auto`` (live on a
+    terminal, else plain)."""
+    if mode == "json":
+        return JsonLines(out)
+    if mode == "none":
+        return EventsOnly(out)
+    if mode == "live" or (mode == "auto" and _isatty(out)):
+        return LiveView(out)
+    return PlainLines(out)
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,431 @@
+"""``headrace run TARGET``: run a pipeline until a signal, with progress and metrics.
+
+The first SIGINT or SIGTERM drains the pipeline (sources stop pulling; what was taken is
+committed and acked, within the drain timeout); a second one stops it at once. Exit codes:
+
+- 0: stopped as asked (drained after a signal), or the pipeline finished on its own;
+- 1: the pipeline failed at run time (an actor failed for good; the connection was lost for good);
+- 2: a usage or configuration error: bad options, a TARGET that does not load or is not a
+  pipeline, an invalid pipeline (PipelineError), an unknown sink plugin, no server to connect
+  to, credentials or TLS refused, a stream or consumer the pipeline cannot use;
+- 3: the drain timed out: messages taken were not all committed and acked (the server redelivers
+  them after their ack wait);
+- 128 + the signal number (130 for SIGINT, 143 for SIGTERM): stopped at once by a second signal;
+  what was not committed is redelivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import trio
+
+from headrace.cli.metrics import Snapshot
+from headrace.cli.metrics import serve as serve_metrics
+from headrace.cli.options import add_connection_arguments, connect_kwargs
+from headrace.cli.overrides import OverrideError, Overrides
+from headrace.cli.progress import LiveView, Reporter, Sample, make_reporter
+from headrace.cli.target import TargetError, load_target
+from headrace.errors import NatsError
+from headrace.jetstream.errors import (
+    ConsumerNotFound,
+    JetStreamNotEnabled,
+    StreamNotFound,
+    SubscribeError,
+)
+from headrace.nats.connection import connect
+from headrace.pipeline.graph import Pipeline, PipelineError
+from headrace.pipeline.runtime import PipelineRun, StageError
+from headrace.pipeline.stats import PipelineStats
+from headrace.sinks.errors import SinkLoadError, UnknownSink
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DRAIN_INCOMPLETE = 3
+
+#: After a second signal, how long the hard stop may take before the process just exits.
+HARD_STOP_GRACE = 2.0
+
+#: Errors at run time that come from configuration, not from a failure: exit code 2.
+CONFIG_ERRORS: tuple[type[BaseException], ...] = (
+    PipelineError,
+    StreamNotFound,
+    ConsumerNotFound,
+    JetStreamNotEnabled,
+    SubscribeError,
+)
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "run",
+        help="run a pipeline until SIGINT/SIGTERM, with live progress and metrics",
+        description=(
+            "Run the pipeline TARGET names (path/to/file.py:name or package.module:name: a "
+            "Pipeline, or a function of no arguments returning one). The first SIGINT/SIGTERM "
+            "drains it, a second stops it at once. Progress and events go to standard error. "
+            "Exit codes: 0 stopped cleanly, 1 failed, 2 usage or configuration error, 3 drain "
+            "timed out, 128+N stopped hard by signal N."
+        ),
+    )
+    parser.add_argument("target", metavar="TARGET", help="path/to/file.py:name or module:name")
+    add_connection_arguments(parser)
+    over = parser.add_argument_group("overrides")
+    over.add_argument(
+        "--sink",
+        metavar="NAME=PLUGIN",
+        action="append",
+        default=[],
+        help="replace sink NAME's sink with the registered sink plugin PLUGIN (repeatable)",
+    )
+    over.add_argument(
+        "--sink-option",
+        metavar="NAME.KEY=VALUE",
+        action="append",
+        default=[],
+        help="an option for the plugin that replaces sink NAME; VALUE is JSON or a string",
+    )
+    over.add_argument(
+        "--durable",
+        metavar="[SOURCE=]NAME",
+        action="append",
+        default=[],
+        help="the durable consumer name of a source (SOURCE may be left out with one source)",
+    )
+    over.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long a drain may take before the pipeline is stopped hard",
+    )
+    out = parser.add_argument_group("progress and metrics")
+    out.add_argument(
+        "--json-logs",
+        action="store_true",
+        help="one JSON object per line on stderr: progress and events",
+    )
+    out.add_argument(
+        "--progress",
+        choices=["auto", "live", "plain", "none"],
+        default="auto",
+        help="live view (terminal), plain lines, or events only; auto: live on a terminal",
+    )
+    out.add_argument(
+        "--interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between progress reports (default 1 live, 5 otherwise)",
+    )
+    out.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: a free port)",
+    )
+    parser.set_defaults(func=command)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"headrace run: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def prepare(target: str, overrides: Overrides) -> Pipeline:
+    """Load, override and validate the pipeline (raises the errors :func:`command` maps to 2)."""
+    pipe = load_target(target)
+    overrides.apply(pipe)
+    pipe.validate()
+    return pipe
+
+
+def command(args: argparse.Namespace) -> int:
+    if args.interval is not None and not args.interval > 0:
+        return _fail("--interval must be positive")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return _fail(f"--metrics-port {args.metrics_port}: not a port number")
+    try:
+        overrides = Overrides.parse(
+            sinks=args.sink,
+            sink_options=args.sink_option,
+            durables=args.durable,
+            drain_timeout=args.drain_timeout,
+        )
+        pipe = prepare(args.target, overrides)
+    except (TargetError, OverrideError, UnknownSink, SinkLoadError) as exc:
+        return _fail(str(exc))
+    except PipelineError as exc:
+        return _fail(f"invalid pipeline: {exc}")
+    try:
+        kwargs = connect_kwargs(args, f"headrace run {pipe.name}")
+    except ValueError as exc:
+        return _fail(str(exc))
+    mode = "json" if args.json_logs else args.progress
+    reporter = make_reporter(mode, sys.stderr)
+    interval = args.interval or (1.0 if isinstance(reporter, LiveView) else 5.0)
+    runner = Runner(pipe, kwargs, reporter, interval=interval, metrics_port=args.metrics_port)
+    try:
+        code = trio.run(runner.main)
+    finally:
+        reporter.close()
+    return code
+
+
+class Runner:
+    """One ``headrace run``: the connection, the pipeline, signals, progress, metrics."""
+
+    def __init__(
+        self,
+        pipe: Pipeline,
+        connect_kwargs: dict[str, Any],
+        reporter: Reporter,
+        *,
+        interval: float,
+        metrics_port: int | None = None,
+    ) -> None:
+        self.pipe = pipe
+        self.connect_kwargs = connect_kwargs
+        self.reporter = reporter
+        self.interval = interval
+        self.metrics_port = metrics_port
+        self.run: PipelineRun | None = None
+        self.started_at = time.time()
+        self.stop_requested = trio.Event()
+        self.signals_seen = 0
+        self.hard_exit: int | None = None
+        self._main_scope: trio.CancelScope | None = None
+        self._last_error: StageError | None = None
+        self._last_sample: tuple[float, int, int] | None = None
+        self._started_clock = 0.0
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def event(self, event: str, **fields: Any) -> None:
+        self.reporter.event(event, self.pipe.name, **fields)
+
+    def _stats(self) -> dict[str, Any]:
+        stats = self.run.stats if self.run is not None else PipelineStats()
+        return stats.snapshot()
+
+    def _states(self) -> dict[str, str]:
+        return self.run.states() if self.run is not None else {}
+
+    def sample(self) -> Sample:
+        now = trio.current_time()
+        stats = self._stats()
+        rate = out_rate = 0.0
+        if self._last_sample is not None:
+            at, msgs, recs = self._last_sample
+            elapsed = now - at
+            if elapsed > 0:
+                rate = (stats["messages_in"] - msgs) / elapsed
+                out_rate = (stats["records_out"] - recs) / elapsed
+        self._last_sample = (now, stats["messages_in"], stats["records_out"])
+        return Sample(
+            pipeline=self.pipe.name,
+            uptime=now - self._started_clock,
+            stats=stats,
+            states=self._states(),
+            rate=rate,
+            out_rate=out_rate,
+            draining=self.run is not None and self.run.draining,
+        )
+
+    def metrics_snapshot(self) -> Snapshot:
+        return Snapshot(
+            pipeline=self.pipe.name,
+            stats=self._stats(),
+            states=self._states(),
+            draining=self.run is not None and self.run.draining,
+            started_at=self.started_at,
+        )
+
+    def report_errors(self) -> None:
+        """Events for the stage errors reported since the last look."""
+        run = self.run
+        if run is None or not run.errors:
+            return
+        errors = run.errors
+        start = 0
+        if self._last_error is not None:
+            for i in range(len(errors) - 1, -1, -1):
+                if errors[i] is self._last_error:
+                    start = i + 1
+                    break
+        for error in errors[start:]:
+            self.event("error", stage=error.stage, error=_one_line(error.error), fatal=False)
+        self._last_error = errors[-1]
+
+    async def _progress(self) -> None:
+        while True:
+            await trio.sleep(self.interval)
+            if self.run is not None:
+                self.report_errors()
+                self.reporter.progress(self.sample())
+
+    # -- signals ----------------------------------------------------------------------------
+
+    async def _signals(self, receiver: Any, nursery: trio.Nursery) -> None:
+        async for signum in receiver:
+            self.signals_seen += 1
+            name = signal.Signals(signum).name
+            if self.signals_seen == 1:
+                self.event("draining", signal=name)
+                self.stop_requested.set()
+                if self.run is not None:
+                    self.run.drain()
+                elif self._main_scope is not None:
+                    self._main_scope.cancel()  # not running yet: nothing to drain
+            else:
+                code = 128 + signum
+                if self.hard_exit is None:
+                    self.hard_exit = code
+                    self.event("stopping", signal=name, hard=True)
+                    if self.run is not None:
+                        self.run.stop()
+                    elif self._main_scope is not None:
+                        self._main_scope.cancel()
+                    nursery.start_soon(self._exit_after, HARD_STOP_GRACE, code)
+                else:
+                    _exit_now(code)
+
+    async def _exit_after(self, seconds: float, code: int) -> None:
+        await trio.sleep(seconds)
+        # The hard stop is waiting for something that does not cancel (a sink's write in a
+        # worker thread): the process ends without it; the server redelivers.
+        self.event("stopped", exit_code=code, hard=True, forced=True)
+        _exit_now(code)
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def main(self) -> int:
+        self._started_clock = trio.current_time()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as receiver:
+            async with trio.open_nursery() as aux:
+                aux.start_soon(self._signals, receiver, aux)
+                if self.metrics_port is not None:
+                    try:
+                        port = await aux.start(
+                            serve_metrics, self.metrics_port, self.metrics_snapshot
+                        )
+                    except OSError as exc:
+                        aux.cancel_scope.cancel()
+                        return _fail(f"--metrics-port {self.metrics_port}: {exc.strerror or exc}")
+                    self.event("metrics", port=port, url=f"http://127.0.0.1:{port}/metrics")
+                code = await self._guarded()
+                if self.hard_exit is not None:
+                    code = self.hard_exit
+                self.event("stopped", exit_code=code, stats=self._stats())
+                aux.cancel_scope.cancel()
+        return code
+
+    async def _guarded(self) -> int:
+        """Run; map errors to exit codes and messages."""
+        connected = False
+        try:
+            with trio.CancelScope() as scope:
+                self._main_scope = scope
+                async with connect(**self.connect_kwargs) as nc:
+                    connected = True
+                    return await self._run(nc)
+            return EXIT_OK  # cancelled by a signal before the pipeline ran, or stopped hard
+        except BaseException as exc:
+            error = _leaf(exc)
+            if isinstance(error, KeyboardInterrupt | SystemExit | trio.Cancelled):
+                raise
+            if not connected and isinstance(error, NatsError | ValueError | OSError):
+                servers = ", ".join(self.connect_kwargs["servers"])
+                self.event("error", error=_one_line(error), fatal=True)
+                return _fail(f"cannot connect to NATS ({servers}): {_one_line(error)}")
+            fatal = _one_line(error)
+            notes = getattr(error, "__notes__", None) or []
+            if isinstance(error, CONFIG_ERRORS):
+                self.event("error", error=fatal, fatal=True, notes=notes)
+                return _fail(f"{fatal}{_notes(notes)}{self._hint(error)}")
+            self.event("error", error=fatal, fatal=True, notes=notes)
+            if isinstance(error, Exception):
+                return _fail(f"pipeline failed: {fatal}{_notes(notes)}", EXIT_FAILED)
+            raise
+
+    @staticmethod
+    def _hint(error: BaseException) -> str:
+        """What to fix, for a source that could not bind its consumer (the source's note says
+        which one, and which stream)."""
+        if isinstance(error, StreamNotFound):
+            return ". Create the stream, or fix the pipeline"
+        if isinstance(error, ConsumerNotFound):
+            return ". Check the consumer, or fix the pipeline"
+        return ""
+
+    async def _run(self, nc: Any) -> int:
+        async with self.pipe.running(nc) as run:
+            self.run = run
+            self._last_sample = (trio.current_time(), 0, 0)
+            connected_to = nc.connected_server
+            self.event(
+                "started",
+                pid=os.getpid(),
+                server=str(connected_to) if connected_to is not None else None,
+                sources=[n.source.describe() for n in self.pipe.sources if n.source],
+                sinks=[n.name for n in self.pipe.sinks],
+            )
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._progress)
+
+                async def finished() -> None:
+                    await run.wait_finished()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(finished)
+                if self.stop_requested.is_set():  # a signal came while starting
+                    run.drain()
+                await self.stop_requested.wait()
+                # Leaving the block drains; progress goes on meanwhile.
+                await run.wait_finished()
+                nursery.cancel_scope.cancel()
+        self.report_errors()
+        self.reporter.progress(self.sample())
+        if self.hard_exit is not None:
+            return self.hard_exit
+        if run.drain_timed_out:
+            self.event("drain_incomplete", ack_pending=run.stats.ack_pending)
+            print(
+                f"headrace run: the drain did not finish within {self.pipe.drain_timeout}s: "
+                f"{run.stats.ack_pending} messages taken were not acked; the server redelivers "
+                "them after their ack wait",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_DRAIN_INCOMPLETE
+        return EXIT_OK
+
+
+def _exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first non-group exception of ``exc`` (Cancelled ones last)."""
+    while isinstance(exc, BaseExceptionGroup):
+        inner = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)]
+        exc = (inner or list(exc.exceptions))[0]
+    return exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().replace("\n", " ")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _notes(notes: list[str]) -> str:
+    return "".join(f"; {note.removeprefix('headrace: ')}" for note in notes)
