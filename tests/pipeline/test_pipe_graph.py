@@ -368,14 +368,12 @@ def test_describe_with_states_and_quotes() -> None:
 
 
 async def bound(run) -> None:
-    """Until every source has bound its consumer and started its JetStream actors (the run
-    starts its stages first; a source binds in its own task, and there is no event for it)."""
+    """Until every source has bound its consumer and every actor runs (actor states have no
+    change event: polled briefly)."""
+    with trio.fail_after(10):
+        await run.wait_bound()
     await wait_stats(
-        lambda: (
-            all(s.internal_actors for s in run.sources)
-            and all(a.state.value == "running" for a in run.actors)
-        ),
-        what="sources bound",
+        lambda: all(a.state.value == "running" for a in run.actors), what="actors running"
     )
 
 

@@ -103,6 +103,7 @@ class PipelineRun:
         """A source bound its consumer: check batches against max_ack_pending, learn the ack
         wait for the tracker's +WPI."""
         node = source.node
+        source.bound.set()
         self.tracker.learn_ack_wait(
             node.name, info.config.ack_wait or DEFAULT_ACK_WAIT, source.buffer
         )
@@ -196,6 +197,13 @@ class PipelineRun:
             self._scope.deadline = trio.current_time() + self.pipeline.drain_timeout
         for source in self.sources:
             source.request_drain()
+
+    async def wait_bound(self) -> None:
+        """Wait until every source has bound its consumer (created it, if it creates one) and
+        started its JetStream actors: from then on, what is published reaches the pipeline
+        even with a deliver-new ephemeral consumer."""
+        for source in self.sources:
+            await source.bound.wait()
 
     def stop(self) -> None:
         """Stop now, without waiting for the drain: every stage is cancelled (a sink's worker

@@ -78,6 +78,8 @@ class SourceStage(Stage):
         self.subscription: Any = None
         self.buffer: Any = None
         self._drain_requested = trio.Event()
+        #: Set once the consumer is bound and its JetStream actors run.
+        self.bound = trio.Event()
 
     @property
     def internal_actors(self) -> list[Actor[Any]]:
