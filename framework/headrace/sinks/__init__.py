@@ -20,15 +20,18 @@ from headrace.sinks.errors import (
 from headrace.sinks.jsonl import JsonlSink
 from headrace.sinks.lines import decode_value, record_to_dict, record_to_line
 from headrace.sinks.memory import MemorySink
+from headrace.sinks.output import DirectoryLock, SeqSet
 from headrace.sinks.registry import GROUP, available_sinks, load_sink
 from headrace.sinks.stdout import StdoutSink
 
 __all__ = [
     "GROUP",
     "CorruptOutput",
+    "DirectoryLock",
     "JsonlSink",
     "MemorySink",
     "OutputInUse",
+    "SeqSet",
     "SinkError",
     "SinkLoadError",
     "SinkNotOpen",

@@ -35,20 +35,16 @@ directory gets :class:`~headrace.sinks.errors.OutputInUse`.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 import os
 import secrets
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headrace.sinks.errors import CorruptOutput, OutputInUse, SinkError, SinkNotOpen
+from headrace.sinks.errors import CorruptOutput, SinkError, SinkNotOpen
 from headrace.sinks.lines import record_to_line
-
-if sys.platform != "win32":
-    import fcntl
+from headrace.sinks.output import DirectoryLock, SeqSet, fsync_directory
 
 if TYPE_CHECKING:
     from headrace.pipeline.batch import Batch
@@ -59,47 +55,6 @@ TEMP_SUFFIX = ".tmp"
 LOCK_NAME = ".headrace-jsonl.lock"
 
 _Key = tuple[str, int]
-
-
-class SeqSet:
-    """A set of sequence numbers kept as sorted, disjoint, closed intervals."""
-
-    __slots__ = ("_ends", "_starts")
-
-    def __init__(self) -> None:
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-
-    def __contains__(self, seq: object) -> bool:
-        if not isinstance(seq, int):
-            return False
-        i = bisect.bisect_right(self._starts, seq) - 1
-        return i >= 0 and seq <= self._ends[i]
-
-    def add(self, seq: int) -> None:
-        starts, ends = self._starts, self._ends
-        i = bisect.bisect_right(starts, seq) - 1
-        if i >= 0 and seq <= ends[i]:
-            return
-        joins_left = i >= 0 and ends[i] == seq - 1
-        joins_right = i + 1 < len(starts) and starts[i + 1] == seq + 1
-        if joins_left and joins_right:
-            ends[i] = ends[i + 1]
-            del starts[i + 1], ends[i + 1]
-        elif joins_left:
-            ends[i] = seq
-        elif joins_right:
-            starts[i + 1] = seq
-        else:
-            starts.insert(i + 1, seq)
-            ends.insert(i + 1, seq)
-
-    def __len__(self) -> int:
-        return sum(e - s + 1 for s, e in zip(self._starts, self._ends, strict=True))
-
-    @property
-    def intervals(self) -> list[tuple[int, int]]:
-        return list(zip(self._starts, self._ends, strict=True))
 
 
 class JsonlSink:
@@ -116,7 +71,7 @@ class JsonlSink:
         #: Files written (new or rewritten) since ``open()``.
         self.files_written = 0
         self._committed: dict[str, SeqSet] | None = None
-        self._lock_fd: int | None = None
+        self._lock = DirectoryLock(self.directory, LOCK_NAME, "JsonlSink")
         self._broken: BaseException | None = None
 
     def __repr__(self) -> str:
@@ -127,10 +82,10 @@ class JsonlSink:
     def open(self) -> None:
         """Lock the directory (creating it if needed), remove stale temporary files and read
         the existing output to learn what is committed."""
-        if self._lock_fd is not None:
+        if self._lock.held:
             self.close()
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        self._lock.acquire()
         try:
             committed: dict[str, SeqSet] = {}
             with os.scandir(self.directory) as entries:
@@ -145,7 +100,7 @@ class JsonlSink:
             # have come between a rename and the directory's fsync).
             self._fsync_directory()
         except BaseException:
-            self._unlock()
+            self._lock.release()
             raise
         self._committed = committed
         self._broken = None
@@ -205,7 +160,7 @@ class JsonlSink:
     def close(self) -> None:
         """Release the directory; ``open()`` may be called again."""
         self._committed = None
-        self._unlock()
+        self._lock.release()
 
     # -- files --------------------------------------------------------------------------------
 
@@ -224,13 +179,8 @@ class JsonlSink:
             raise
 
     def _fsync_directory(self) -> None:
-        if not self.fsync or sys.platform == "win32":
-            return
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self.fsync:
+            fsync_directory(self.directory)
 
     def _read_lines(self, path: Path) -> dict[_Key, list[bytes]]:
         """The lines of an output file by (stream, stream_seq), in file order."""
@@ -259,24 +209,3 @@ class JsonlSink:
         return stream, seq
 
     # -- the directory lock -------------------------------------------------------------------
-
-    def _lock(self) -> None:
-        if sys.platform == "win32":  # pragma: no cover - no flock there
-            return
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise OutputInUse(
-                f"{self.directory} is in use by another JsonlSink (lock {LOCK_NAME})"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        self._lock_fd = fd
-
-    def _unlock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            os.close(fd)  # closing the descriptor releases the flock
