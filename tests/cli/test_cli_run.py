@@ -413,7 +413,9 @@ async def test_nats_url_from_the_environment(tmp_path: Path) -> None:
 
 
 async def test_user_password(nats_server_factory, tmp_path: Path) -> None:
-    auth = user_password_auth()
+    # A password may start with "-"; the "--password=VALUE" form keeps argparse from
+    # reading it as an option, which is what the CLI docs tell users to do.
+    auth = user_password_auth(password="-leading-dash-secret")
     server = nats_server_factory(auth=auth.config)
     path = write_pipeline(tmp_path, MEMORY)
     wrong = await run_headrace(
@@ -424,7 +426,7 @@ async def test_user_password(nats_server_factory, tmp_path: Path) -> None:
     assert "Authorization Violation" in wrong.stderr.decode()
     # Right credentials: connected; the stream is missing, which is the next thing to fix.
     right = await run_headrace(
-        "run", str(path), "--nats", server.url, "--user", auth.user, "--password", auth.password
+        "run", str(path), "--nats", server.url, "--user", auth.user, f"--password={auth.password}"
     )
     assert right.returncode == 2
     assert "cannot connect" not in right.stderr.decode()
@@ -435,7 +437,7 @@ async def test_token_and_tls(nats_server_factory, tls_files, tmp_path: Path) -> 
     auth = token_auth()
     server = nats_server_factory(auth=auth.config, tls=tls_files)
     path = write_pipeline(tmp_path, MEMORY)
-    base = ("run", str(path), "--nats", server.url, "--token", auth.token)
+    base = ("run", str(path), "--nats", server.url, f"--token={auth.token}")
     untrusted = await run_headrace(*base, "--tls-ca", str(tls_files.wrong_ca_file))
     assert untrusted.returncode == 2
     assert "cannot connect to NATS" in untrusted.stderr.decode()
