@@ -34,7 +34,10 @@ def test_seqset_matches_a_plain_set(spans: list[tuple[int, int]], singles: list[
     intervals = seqs.intervals
     assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(intervals))
     assert seqs == SeqSet.of(model)
+    assert seqs == SeqSet.of([*model, *model])  # repeats, unsorted
     assert SeqSet(intervals) == seqs
+    for first, last in [(0, 0), (5, 9), (30, 31), (-5, -1), (85, 95), (0, 100)]:
+        assert seqs.overlaps(first, last) == any(first <= n <= last for n in model)
 
 
 def test_seqset_rejects_an_empty_range() -> None:

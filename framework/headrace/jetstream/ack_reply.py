@@ -67,6 +67,21 @@ def parse_ack_reply(reply: str) -> AckMetadata:
     stream, consumer, delivered, sseq, cseq, ts, pending = rest
     if not stream or not consumer:
         raise InvalidAckReply(f"empty stream or consumer name in ack reply {reply!r}")
+    digits = delivered + sseq + cseq + ts + pending
+    if digits.isdigit() and digits.isascii() and all(rest[2:]):
+        # Every message pays for this parse: one check of the five numbers together, and the
+        # per-token checks below only to say which one is wrong.
+        return AckMetadata(
+            stream,
+            consumer,
+            int(delivered),
+            int(sseq),
+            int(cseq),
+            int(ts),
+            int(pending),
+            domain,
+            account,
+        )
     return AckMetadata(
         stream=stream,
         consumer=consumer,

@@ -27,6 +27,12 @@ _NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # CR and LF would end the line; NUL and lone surrogates cannot travel as UTF-8 text.
 _BAD_VALUE_RE = re.compile(r"[\r\n\x00\ud800-\udfff]")
 
+# Names already checked against _NAME_RE. A stream's messages carry a handful of distinct
+# names, so remembering them spares a regex match per header line on the hot path; the bound
+# keeps a stream of ever-new names from growing it without limit.
+_VALID_NAMES: set[str] = set()
+_VALID_NAMES_MAX = 4096
+
 HeaderInput = Mapping[str, "str | Iterable[str]"] | Iterable[tuple[str, str]]
 
 
@@ -87,6 +93,11 @@ class Headers(Mapping[str, str]):
     def get_all(self, name: str) -> list[str]:
         """Every value of ``name`` in order; an empty list when absent."""
         return list(self._map.get(name, ()))
+
+    def as_dict(self) -> dict[str, list[str]]:
+        """Every name with the list of its values (a copy): the shape of a
+        ``map<string, array<string>>`` column."""
+        return {name: list(values) for name, values in self._map.items()}
 
     def multi_items(self) -> Iterator[tuple[str, str]]:
         """Every (name, value) pair, repeated names included: names in the order first seen,
@@ -180,9 +191,13 @@ def parse_header_block(block: bytes) -> tuple[Headers, int | None, str]:
     if not block.endswith(b"\r\n\r\n"):
         raise InvalidHeaderError("header block does not end with an empty line")
     lines = block[:-4].split(b"\r\n")
-    status, description = parse_status_line(lines[0])
+    if lines[0] == VERSION_LINE:  # the common case: no status
+        status, description = None, ""
+    else:
+        status, description = parse_status_line(lines[0])
     headers = Headers()
     hmap = headers._map
+    known = _VALID_NAMES
     for line in lines[1:]:
         name_b, colon, value_b = line.partition(b":")
         if not colon:
@@ -192,8 +207,11 @@ def parse_header_block(block: bytes) -> tuple[Headers, int | None, str]:
             value = value_b.strip(b" \t").decode()
         except UnicodeDecodeError as exc:
             raise InvalidHeaderError(f"header line is not valid text: {line[:60]!r}") from exc
-        if not _NAME_RE.fullmatch(name):
-            raise InvalidHeaderError(f"invalid header name {name!r}")
+        if name not in known:
+            if not _NAME_RE.fullmatch(name):
+                raise InvalidHeaderError(f"invalid header name {name!r}")
+            if len(known) < _VALID_NAMES_MAX:
+                known.add(name)
         if "\r" in value or "\n" in value:
             raise InvalidHeaderError(f"header {name!r} value contains CR or LF")
         values = hmap.get(name)

@@ -87,12 +87,26 @@ class SeqSet:
     def intervals(self) -> list[tuple[int, int]]:
         return list(zip(self._starts, self._ends, strict=True))
 
+    def overlaps(self, first: int, last: int) -> bool:
+        """Whether any sequence from ``first`` to ``last`` (inclusive) is in the set."""
+        i = bisect.bisect_left(self._ends, first)
+        return i < len(self._starts) and self._starts[i] <= last
+
     @classmethod
     def of(cls, seqs: Iterable[int]) -> SeqSet:
-        """The set of ``seqs`` (sorted first: adding in order is the cheap case)."""
-        result = cls()
+        """The set of ``seqs``: sorted, then runs become intervals in one pass (a batch's
+        sequences are mostly one run, and this is on a sink's per-batch path)."""
+        starts: list[int] = []
+        ends: list[int] = []
         for seq in sorted(seqs):
-            result.add(seq)
+            if ends and seq <= ends[-1] + 1:
+                if seq > ends[-1]:
+                    ends[-1] = seq
+            else:
+                starts.append(seq)
+                ends.append(seq)
+        result = cls()
+        result._starts, result._ends = starts, ends
         return result
 
 
