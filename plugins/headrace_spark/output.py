@@ -1,0 +1,210 @@
+"""The output directory of a Spark sink: where Spark stages a batch, how its files are put in
+place, and how a crash is recovered.
+
+Layout (``<output>`` is the parquet path or the table's location)::
+
+    <output>/_headrace/lock             one sink at a time (flock)
+    <output>/_headrace/ledger/          the commit ledger (ledger.py)
+    <output>/_headrace/staging/<token>/ Spark's output for one attempt at a batch
+    <output>/day=2026-11-25/part-<token>-00000.snappy.parquet   committed data
+
+``<token>`` is ``<batch id>.<nonce>``: the batch id comes from the batch's sequence ranges, the
+nonce is new for every attempt, so two attempts at the same batch never share a file name.
+
+Placing a batch, in order:
+
+1. each staged file moves next to its final place under a hidden name (``.part-...pending``;
+   Spark skips names starting with ``.``), fsynced with its directory;
+2. the ledger records the commit (the commit point);
+3. the hidden files are renamed to their final names.
+
+So a reader never sees a file of an uncommitted attempt. After a crash, :func:`recover` rolls
+forward what the ledger committed (hidden files renamed) and removes the rest (hidden files no
+entry names, and staging directories).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from headrace.sinks.output import fsync_directory
+
+CONTROL = "_headrace"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_+-]{1,100}$")
+_OURS = re.compile(r"^part-(?P<token>[A-Za-z0-9_+-]+\.[0-9a-f]{8})-(?P<n>\d{5})(?P<ext>\..+)?$")
+PENDING = ".pending"
+
+
+def batch_id(key: str) -> str:
+    """A file-name-safe id for a batch key: the key itself when it is short and plain (so file
+    names say which sequences they hold), else a hash of it."""
+    if _SAFE_ID.match(key):
+        return key
+    return "h" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def new_token(batch: str) -> str:
+    return f"{batch_id(batch)}.{secrets.token_hex(4)}"
+
+
+def hidden(relative: str) -> str:
+    """The pending (hidden) name of a committed file's final name."""
+    head, _, name = relative.rpartition("/")
+    pending = f".{name}{PENDING}"
+    return f"{head}/{pending}" if head else pending
+
+
+class OutputDir:
+    """Files of one output directory (see the module docs)."""
+
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self.root = root
+        self.fsync = fsync
+        self.control = root / CONTROL
+        self.ledger_dir = self.control / "ledger"
+        self.staging_root = self.control / "staging"
+
+    def prepare(self) -> None:
+        self.staging_root.mkdir(parents=True, exist_ok=True)
+        self.ledger_dir.mkdir(parents=True, exist_ok=True)
+
+    def staging(self, token: str) -> Path:
+        return self.staging_root / token
+
+    def clear_staging(self) -> None:
+        if self.staging_root.exists():
+            for entry in self.staging_root.iterdir():
+                shutil.rmtree(entry, ignore_errors=True)
+
+    # -- placing a batch ----------------------------------------------------------------------
+
+    def stage_into_place(self, staging: Path, token: str, under: str = "") -> list[str]:
+        """Move the data files Spark wrote under ``staging`` next to their final places (below
+        the directory ``under``, relative to the output), hidden; return their final names
+        relative to the output."""
+        placed: list[str] = []
+        directories: set[Path] = set()
+        for n, (staged_dir, source) in enumerate(sorted(self._staged_files(staging))):
+            relative_dir = "/".join(p for p in (under, staged_dir) if p)
+            ext = _extension(source.name)
+            name = f"part-{token}-{n:05d}{ext}"
+            final = f"{relative_dir}/{name}" if relative_dir else name
+            target = self.root / hidden(final)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if self.fsync:
+                _fsync_file(source)
+            os.rename(source, target)
+            directories.add(target.parent)
+            placed.append(final)
+        self._fsync_tree(directories)
+        return placed
+
+    def publish(self, files: list[str]) -> None:
+        """Rename committed hidden files to their final names."""
+        directories: set[Path] = set()
+        for final in files:
+            pending = self.root / hidden(final)
+            os.rename(pending, self.root / final)
+            directories.add(pending.parent)
+        self._fsync_tree(directories)
+
+    def remove(self, files: list[str]) -> None:
+        directories: set[Path] = set()
+        for relative in files:
+            path = self.root / relative
+            path.unlink(missing_ok=True)
+            directories.add(path.parent)
+        self._fsync_tree(directories)
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def recover(self, committed: set[str]) -> tuple[int, int, list[str]]:
+        """After a crash: publish committed files still hidden, remove hidden or visible files of
+        ours that no commit names, clear staging. Returns how many were rolled forward, how many
+        removed, and the committed files that are gone (deleted by something else: a retention
+        job, a user)."""
+        rolled = removed = 0
+        seen: set[str] = set()
+        touched: set[Path] = set()
+        for relative, is_pending in self.data_files(include_pending=True):
+            path = self.root / (hidden(relative) if is_pending else relative)
+            if relative in committed:
+                seen.add(relative)
+                if is_pending:
+                    os.rename(path, self.root / relative)
+                    touched.add(path.parent)
+                    rolled += 1
+            else:
+                path.unlink()
+                touched.add(path.parent)
+                removed += 1
+        self.clear_staging()
+        self._fsync_tree(touched)
+        return rolled, removed, sorted(committed - seen)
+
+    def data_files(self, include_pending: bool = False) -> Iterator[tuple[str, bool]]:
+        """Our data files, as (final name relative to the output, still hidden)."""
+        for directory, dirs, names in os.walk(self.root):
+            here = Path(directory)
+            dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+            relative_dir = here.relative_to(self.root).as_posix()
+            prefix = "" if relative_dir == "." else relative_dir + "/"
+            for name in names:
+                pending = name.startswith(".") and name.endswith(PENDING)
+                if pending:
+                    if not include_pending:
+                        continue
+                    name = name[1 : -len(PENDING)]
+                if _OURS.match(name):
+                    yield prefix + name, pending
+
+    # -- the parts ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _staged_files(staging: Path) -> Iterator[tuple[str, Path]]:
+        for directory, dirs, names in os.walk(staging):
+            here = Path(directory)
+            dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+            relative_dir = here.relative_to(staging).as_posix()
+            for name in names:
+                if name.startswith(("_", ".")):
+                    continue  # _SUCCESS, .crc checksums
+                yield ("" if relative_dir == "." else relative_dir), here / name
+
+    def _fsync_tree(self, directories: set[Path]) -> None:
+        """fsync the directories, and their parents up to the output (new directories must be
+        made durable in their parents too)."""
+        if not self.fsync:
+            return
+        todo: set[Path] = set()
+        for directory in directories:
+            while True:
+                todo.add(directory)
+                if directory == self.root or self.root not in directory.parents:
+                    break
+                directory = directory.parent
+        for directory in todo:
+            fsync_directory(directory)
+
+
+def _extension(name: str) -> str:
+    """``.snappy.parquet`` of ``part-00000-<uuid>-c000.snappy.parquet``."""
+    base = name.split("-c000", 1)[1] if "-c000" in name else ""
+    if base.startswith("."):
+        return base
+    suffixes = Path(name).suffixes
+    return "".join(suffixes[-2:]) if suffixes else ""
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,169 @@
+"""Spark sessions for the sink, and the job tags that let a pipeline interrupt Spark.
+
+Where the session comes from, in order: the user's own ``SparkSession``; a Spark Connect
+``sc://`` URL; otherwise a classic session on ``master`` (``local[*]`` by default, or a
+``spark://``, ``yarn``... URL). A classic session is process-wide in PySpark: if this process
+already runs one, ``getOrCreate`` returns it and settings that only apply at start (memory, the
+catalog) are ignored, so the first sink, or the application, decides them.
+
+The embedded defaults start fast and keep quiet: no web UI, no console progress bars, errors-only
+logging (``log4j2.properties`` next to this module), as many shuffle partitions as cores, and
+UTC as the session time zone so timestamps read back as they were written. ``hive=True`` adds a
+Hive catalog whose metastore (embedded Derby) lives in the warehouse directory, so tables
+survive the session.
+
+Spark calls block, so the sink makes them in a worker thread; to stop them it tags each batch's
+jobs (:class:`JobTags`) and cancels the tag from another thread. Classic sessions use the
+SparkContext's job tags with interrupt-on-cancel (the task threads are interrupted, Python
+workers killed); Spark Connect sessions use the session's operation tags.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from headrace_spark.errors import SparkSessionError
+
+QUIET_LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (not a classic, JVM-backed one)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def embedded_conf(
+    *, hive: bool = False, warehouse: str | os.PathLike[str] | None = None, quiet: bool = True
+) -> dict[str, str]:
+    """The settings of a session the sink starts itself."""
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
+        "spark.sql.session.timeZone": "UTC",
+    }
+    java: list[str] = []
+    if quiet:
+        java.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
+    if warehouse is not None:
+        where = Path(warehouse).expanduser().resolve()
+        conf["spark.sql.warehouse.dir"] = where.as_uri()
+        if hive:
+            conf["spark.sql.catalogImplementation"] = "hive"
+            metastore = where / "metastore_db"
+            conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
+                f"jdbc:derby:;databaseName={metastore};create=true"
+            )
+            java.append(f"-Dderby.system.home={where}")
+            java.append(f"-Dderby.stream.error.file={where / 'derby.log'}")
+    elif hive:
+        raise SparkSessionError("hive=True needs a warehouse directory (warehouse=...)")
+    if java:
+        conf["spark.driver.extraJavaOptions"] = " ".join(java)
+    return conf
+
+
+def start_session(
+    master: str = "local[*]",
+    *,
+    app_name: str = "headrace",
+    conf: Mapping[str, str] | None = None,
+    hive: bool = False,
+    warehouse: str | os.PathLike[str] | None = None,
+    quiet: bool = True,
+) -> Any:
+    """A SparkSession on ``master`` (an ``sc://`` URL for Spark Connect), with the embedded
+    defaults under ``conf``; :class:`SparkSessionError` when none can be made."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise SparkSessionError(
+            "the Spark sink needs pyspark: pip install 'headrace[spark]'"
+        ) from exc
+    settings = embedded_conf(hive=hive, warehouse=warehouse, quiet=quiet)
+    settings.update(conf or {})
+    if master.startswith("sc://"):
+        missing = [m for m in ("grpc", "pandas", "google.protobuf") if not _importable(m)]
+        if missing:
+            raise SparkSessionError(
+                f"Spark Connect ({master}) needs its client libraries ({', '.join(missing)} "
+                "missing): pip install 'pyspark[connect]'"
+            )
+        builder = SparkSession.builder.remote(master).appName(app_name)
+        # A Connect server has its own static settings; only runtime ones can be set here.
+        for key in ("spark.sql.session.timeZone", "spark.sql.shuffle.partitions"):
+            builder = builder.config(key, settings[key])
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+    else:
+        if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+            raise SparkSessionError(
+                "Spark needs a Java 17+ runtime and there is no 'java' on PATH nor JAVA_HOME "
+                "(Debian/Ubuntu: apt install openjdk-17-jre-headless)"
+            )
+        builder = SparkSession.builder.master(master).appName(app_name)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        if hive:
+            builder = builder.enableHiveSupport()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:
+        raise SparkSessionError(
+            f"cannot start a Spark session on {master}: {first_line(exc)}"
+        ) from exc
+    if quiet and not is_connect(spark):
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class JobTags:
+    """Tags a thread's Spark jobs and cancels them by tag from any thread."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.connect = is_connect(spark)
+
+    def start(self, tag: str) -> None:
+        """Tag the jobs this thread starts from now on."""
+        if self.connect:
+            self.spark.addTag(tag)
+        else:
+            sc = self.spark.sparkContext
+            sc.setInterruptOnCancel(True)
+            sc.addJobTag(tag)
+
+    def end(self, tag: str) -> None:
+        if self.connect:
+            self.spark.removeTag(tag)
+        else:
+            self.spark.sparkContext.removeJobTag(tag)
+
+    def cancel(self, tag: str) -> None:
+        """Cancel every running job with ``tag`` (from another thread)."""
+        if self.connect:
+            self.spark.interruptTag(tag)
+        else:
+            self.spark.sparkContext.cancelJobsWithTag(tag)
+
+
+def first_line(exc: BaseException) -> str:
+    """The useful part of a Spark error: its first line (Py4J adds the JVM stack below)."""
+    text = str(exc).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("An error occurred while calling"):
+            return line.removeprefix(": ")
+    return type(exc).__name__
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

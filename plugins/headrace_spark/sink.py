@@ -1,0 +1,365 @@
+"""``SparkSink``: pipeline batches into parquet files or a table through PySpark, each record
+exactly once.
+
+Per batch, in a worker thread (Spark calls block; the trio loop never waits on them):
+
+1. records whose (stream, stream_seq) the ledger already holds are left out (a redelivery);
+2. the rest become a ``pyarrow.Table`` with an explicit schema (schema.py), then a DataFrame by
+   ``spark.createDataFrame(table)``, optionally ``transform``-ed;
+3. Spark writes it into a staging directory of its own, its jobs tagged with the batch's tag;
+4. the files are put in place hidden, the ledger commits them, they are renamed visible
+   (output.py): only then does ``write_batch`` return and the pipeline ack the messages.
+
+A crash at any point loses nothing and duplicates nothing: before the ledger entry the attempt
+does not exist (its files are removed on the next ``open``, and the messages, never acked, come
+again); after it, the records are committed and their redelivery is skipped.
+
+Cancelling ``write_batch`` (the pipeline stopping hard) cancels the batch's Spark jobs by tag
+and returns at once; an attempt that Spark finishes anyway is not committed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pyarrow as pa
+import trio
+from headrace.sinks.errors import SinkNotOpen
+from headrace.sinks.output import DirectoryLock, SeqSet
+
+from headrace_spark.errors import SparkJobCancelled, SparkSinkError, SparkWriteError
+from headrace_spark.ledger import FOLD_AFTER, CommitLedger
+from headrace_spark.output import OutputDir, new_token
+from headrace_spark.schema import TableBuilder
+from headrace_spark.session import JobTags, first_line, start_session
+from headrace_spark.targets import ParquetTarget, TableTarget
+
+if TYPE_CHECKING:
+    from headrace.pipeline.batch import Batch
+    from headrace.pipeline.record import Record
+
+LOCK_NAME = "lock"
+
+
+@attrs.frozen(slots=True)
+class CommitInfo:
+    """What one committed batch wrote (given to ``on_commit``)."""
+
+    #: The key of the records written (their sequence ranges).
+    batch: str
+    #: Data files added, relative to the output directory.
+    files: tuple[str, ...]
+    rows: int
+    #: Records of the batch left out as already committed.
+    skipped: int
+    seconds: float
+
+
+class SparkSink:
+    """Writes batches to ``path`` (parquet) or ``table`` through Spark; see the module docs
+    and docs/spark.md.
+
+    Columns: by default the message metadata (subject, data, headers, stream, stream_seq,
+    consumer_seq, num_delivered, timestamp); with ``schema`` (a ``pyarrow.Schema`` or an attrs
+    class) the fields of each record's value, or of ``decode(record)``, plus the metadata
+    columns if ``keep_metadata``. ``transform`` may change the DataFrame before it is written
+    (derived columns, casts). ``partition_by`` names columns of the written DataFrame.
+
+    Session: ``spark`` (yours; never stopped by the sink), else one started on ``master``
+    (``local[*]``, a cluster URL, or ``sc://`` for Spark Connect) with ``conf`` over quiet,
+    fast-starting defaults; ``hive=True`` with ``warehouse`` for a Hive catalog.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        table: str | None = None,
+        partition_by: Sequence[str] = (),
+        schema: pa.Schema | type | None = None,
+        decode: Callable[[Record], Any] | None = None,
+        keep_metadata: bool = False,
+        metadata_prefix: str = "",
+        transform: Callable[[Any], Any] | None = None,
+        spark: Any = None,
+        master: str = "local[*]",
+        conf: Mapping[str, str] | None = None,
+        hive: bool = False,
+        warehouse: str | os.PathLike[str] | None = None,
+        app_name: str = "headrace",
+        files_per_batch: int | None = 1,
+        fsync: bool = True,
+        on_commit: Callable[[CommitInfo], None] | None = None,
+        stop_session: bool = False,
+    ) -> None:
+        if (path is None) == (table is None):
+            raise SparkSinkError("SparkSink needs exactly one of path= (parquet) or table=")
+        if files_per_batch is not None and files_per_batch < 1:
+            raise SparkSinkError(f"files_per_batch must be at least 1, not {files_per_batch}")
+        self.target: ParquetTarget | TableTarget = (
+            ParquetTarget(path, partition_by)
+            if path is not None
+            else TableTarget(str(table), partition_by)
+        )
+        self.builder = TableBuilder(schema, decode, keep_metadata, metadata_prefix)
+        self.transform = transform
+        self.files_per_batch = files_per_batch
+        self.fsync = fsync
+        self.on_commit = on_commit
+        self.stop_session = stop_session
+        self._given_spark = spark
+        self._session_args: dict[str, Any] = {
+            "master": master,
+            "app_name": app_name,
+            "conf": dict(conf or {}),
+            "hive": hive,
+            "warehouse": warehouse,
+        }
+        self.spark: Any = spark
+        self._tags: JobTags | None = None
+        self._out: OutputDir | None = None
+        self._ledger: CommitLedger | None = None
+        self._lock: DirectoryLock | None = None
+        self._mutex = threading.Lock()  # one commit at a time, an abandoned one included
+        self._limiter = trio.CapacityLimiter(1)
+        self._cancelled: set[str] = set()
+        self._unregistered: list[str] = []  # committed files whose partitions a table lacks
+        #: Batches committed, rows written and records skipped as committed, since open().
+        self.batches_committed = 0
+        self.rows_written = 0
+        self.duplicates_skipped = 0
+        #: Files of uncommitted attempts removed, and committed ones rolled forward, at open().
+        self.recovered_removed = 0
+        self.recovered_rolled = 0
+
+    def __repr__(self) -> str:
+        return f"SparkSink({self.target.describe()})"
+
+    @property
+    def output(self) -> Path | None:
+        """The output directory (a table's location), once open."""
+        return self._out.root if self._out is not None else None
+
+    # -- the sink contract --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await trio.to_thread.run_sync(self._open_sync, abandon_on_cancel=True)
+
+    async def write_batch(self, batch: Batch) -> None:
+        if self._ledger is None:
+            raise SinkNotOpen(f"{self!r} is not open")
+        tag = f"headrace-spark-{secrets.token_hex(6)}"
+        try:
+            await trio.to_thread.run_sync(
+                self._write_sync, batch.records, tag, limiter=self._limiter, abandon_on_cancel=True
+            )
+        except trio.Cancelled:
+            self._cancelled.add(tag)
+            # Cancelling is a quick call into Spark, but still a call that could block: from a
+            # thread of its own, so the loop goes on at once.
+            threading.Thread(target=self._cancel_jobs, args=(tag,), daemon=True).start()
+            raise
+
+    async def close(self) -> None:
+        await trio.to_thread.run_sync(self._close_sync, abandon_on_cancel=True)
+
+    async def compact(self, min_files: int = 8) -> Any:
+        """Rewrite each directory holding ``min_files`` or more small files of this sink into
+        one file (compact.py); returns a :class:`~headrace_spark.compact.CompactionReport`."""
+        from headrace_spark.compact import compact_output
+
+        if self._ledger is None or self._out is None:
+            raise SinkNotOpen(f"{self!r} is not open")
+        out, ledger = self._out, self._ledger
+
+        def run() -> Any:
+            with self._mutex:
+                return compact_output(self.spark, out, ledger, min_files=min_files)
+
+        return await trio.to_thread.run_sync(run, limiter=self._limiter)
+
+    # -- in the worker thread -----------------------------------------------------------------
+
+    def _open_sync(self) -> None:
+        with self._mutex:
+            if self._lock is not None:
+                self._release()
+            if self.spark is None:
+                self.spark = start_session(**self._session_args)
+            spark = self.spark
+            self._tags = JobTags(spark)
+            template = spark.createDataFrame(self.builder.arrow_schema.empty_table())
+            if self.transform is not None:
+                template = self.transform(template)
+            root = self.target.location(spark, template)
+            out = OutputDir(root, fsync=self.fsync)
+            out.prepare()
+            lock = DirectoryLock(out.control, LOCK_NAME, "SparkSink")
+            lock.acquire()
+            try:
+                ledger = CommitLedger(out.ledger_dir, fsync=self.fsync)
+                ledger.load()
+                rolled, removed, missing = out.recover(ledger.files)
+                if missing:
+                    ledger.record_compaction([], missing)
+                    warnings.warn(
+                        f"{self!r}: {len(missing)} committed data files were deleted outside "
+                        f"the sink (for example {missing[0]}); their rows are gone, and their "
+                        "sequences stay committed (a redelivery does not bring them back)",
+                        RuntimeWarning,
+                        stacklevel=1,
+                    )
+                if rolled:
+                    self._register(sorted(ledger.files))
+                if ledger.entries >= FOLD_AFTER:
+                    ledger.fold()
+            except BaseException:
+                lock.release()
+                raise
+            self._out, self._ledger, self._lock = out, ledger, lock
+            self.recovered_rolled, self.recovered_removed = rolled, removed
+            self.batches_committed = self.rows_written = self.duplicates_skipped = 0
+
+    def _write_sync(self, records: list[Record], tag: str) -> CommitInfo | None:
+        with self._mutex:
+            out, ledger, tags = self._out, self._ledger, self._tags
+            if out is None or ledger is None or tags is None:
+                raise SinkNotOpen(f"{self!r} was closed")
+            started = time.perf_counter()
+            keep = self._not_committed(records, ledger)
+            skipped = len(records) - len(keep)
+            self.duplicates_skipped += skipped
+            if not keep:
+                return None
+            by_stream: dict[str, list[int]] = {}
+            for record in keep:
+                by_stream.setdefault(record.stream, []).append(record.stream_seq)
+            seqs = {stream: SeqSet.of(numbers) for stream, numbers in by_stream.items()}
+            key = "+".join(
+                f"{stream}-{s.intervals[0][0]}-{s.intervals[-1][1]}"
+                for stream, s in sorted(seqs.items())
+            )
+            table = self.builder.build(keep)
+            token = new_token(key)
+            staging = out.staging(token)
+            try:
+                self._spark_write(table, staging, tag)
+            except BaseException as exc:
+                shutil.rmtree(staging, ignore_errors=True)
+                if isinstance(exc, Exception):
+                    raise self._write_error(exc, tag, key) from exc
+                raise
+            if tag in self._cancelled:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise SparkJobCancelled(f"batch {key}: the pipeline stopped; not committed")
+            files = out.stage_into_place(staging, token)
+            ledger.record_commit(key, files, seqs, len(keep))  # the commit point
+            out.publish(files)
+            shutil.rmtree(staging, ignore_errors=True)
+            self._register(files)
+            if ledger.entries >= FOLD_AFTER:
+                ledger.fold()
+            self.batches_committed += 1
+            self.rows_written += len(keep)
+            info = CommitInfo(key, tuple(files), len(keep), skipped, time.perf_counter() - started)
+        if self.on_commit is not None:
+            self.on_commit(info)
+        return info
+
+    @staticmethod
+    def _not_committed(records: list[Record], ledger: CommitLedger) -> list[Record]:
+        """The records the ledger does not hold yet. A batch whose sequence range misses
+        every committed interval (the usual case) is kept whole without a lookup per record."""
+        lows: dict[str, int] = {}
+        highs: dict[str, int] = {}
+        for record in records:
+            stream, seq = record.stream, record.stream_seq
+            if seq < lows.get(stream, seq + 1):
+                lows[stream] = seq
+            if seq > highs.get(stream, -1):
+                highs[stream] = seq
+        if not any(
+            (committed := ledger.committed.get(stream)) is not None
+            and committed.overlaps(low, highs[stream])
+            for stream, low in lows.items()
+        ):
+            return records
+        return [r for r in records if not ledger.is_committed(r.stream, r.stream_seq)]
+
+    def _spark_write(self, table: pa.Table, staging: Path, tag: str) -> None:
+        assert self._tags is not None
+        self._tags.start(tag)
+        try:
+            df = self.spark.createDataFrame(table)
+            if self.transform is not None:
+                df = self.transform(df)
+            if self.files_per_batch is not None:
+                df = df.coalesce(self.files_per_batch)
+            writer = df.write.format("parquet").mode("errorifexists")
+            if self.target.partition_by:
+                writer = writer.partitionBy(*self.target.partition_by)
+            writer.save(str(staging))
+        finally:
+            self._tags.end(tag)
+
+    def _write_error(self, exc: Exception, tag: str, key: str) -> SparkSinkError:
+        if isinstance(exc, SparkSinkError):
+            return exc
+        text = str(exc)
+        if tag in self._cancelled or "SPARK_JOB_CANCELLED" in text:
+            return SparkJobCancelled(f"batch {key}: its Spark job was cancelled; not committed")
+        return SparkWriteError(
+            f"Spark could not write batch {key} to {self.target.describe()}: {first_line(exc)}"
+        )
+
+    def _register(self, files: list[str]) -> None:
+        """Tell the catalog about committed files (a table's new partitions). The data is
+        committed whatever happens here: a failure is retried with the next batch."""
+        pending = [*self._unregistered, *files]
+        try:
+            self.target.after_commit(self.spark, pending)
+        except Exception as exc:
+            self._unregistered = pending
+            warnings.warn(
+                f"{self!r}: committed, but the catalog was not updated ({first_line(exc)}); "
+                "retried with the next batch",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+        else:
+            self._unregistered = []
+
+    def _cancel_jobs(self, tag: str) -> None:
+        try:
+            if self._tags is not None:
+                self._tags.cancel(tag)
+        except Exception:  # the session is gone: nothing runs any more
+            pass
+
+    def _close_sync(self) -> None:
+        # An abandoned write (cancelled, its Spark job being interrupted) may still hold the
+        # mutex; the lock on the output is released only once nothing can commit any more.
+        if not self._mutex.acquire(timeout=30):
+            return
+        try:
+            self._release()
+            if self.stop_session and self._given_spark is None and self.spark is not None:
+                self.spark.stop()
+                self.spark = None
+        finally:
+            self._mutex.release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+        self._out = self._ledger = self._lock = None
+        self._cancelled.clear()
