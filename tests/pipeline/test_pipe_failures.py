@@ -15,7 +15,7 @@ from headrace.actors import ActorState, Restart
 from headrace.jetstream import ConsumeOptions, ConsumerConfig
 from headrace.pipeline import BatchPolicy, Record
 from headrace.pipeline.stages import INBOX_BATCHES
-from headrace.sinks import MemorySink
+from headrace.sinks import MemorySink, RecordsRejected
 from pipe_support import (
     FAST,
     add_stream,
@@ -126,6 +126,40 @@ async def test_a_sink_that_always_fails_dead_letters_into_a_stream(nats_server, 
         assert h["Headrace-Stream-Seq"] == str(i + 1)
         assert h["Headrace-Delivered"] == "3"
         assert h["X-Trace"] == f"t{i}"  # the message's own headers travel with it
+
+
+class PickySink(MemorySink):
+    """Commits every record but those whose payload is in ``bad`` (a poison value), and says
+    so with RecordsRejected: the partial-failure contract."""
+
+    def __init__(self, bad: set[bytes]) -> None:
+        super().__init__()
+        self.bad = bad
+
+    async def write_batch(self, batch: Any) -> None:
+        good = [r for r in batch if r.data not in self.bad]
+        rejected = [(r, ValueError(f"poison {r.data!r}")) for r in batch if r.data in self.bad]
+        self.records.extend(good)
+        if rejected:
+            raise RecordsRejected(rejected)
+
+
+async def test_rejected_records_fail_alone_and_the_rest_is_acked(nats_server, peer):
+    await add_stream(peer, "DLQ", ["dlq.>"])
+    await publish(peer, 6)  # payloads b"0" .. b"5"
+    sink = PickySink({b"2", b"4"})
+    pipe = fast_pipeline("picky", max_deliveries=2, dead_letter="dlq.picky", nak_delay=0.05)
+    pipe.source(source()).sink(sink, batch=BatchPolicy(max_messages=6, max_age=0.2))
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        info = await wait_consumer(peer, all_done(6))
+        stats = run.stats
+        assert stats.acks == 4
+        assert stats.naks == 2  # the two poison messages, once each
+        assert stats.dead_lettered == 2  # then dead-lettered on their second delivery
+        assert stats.batches_failed == 0
+        assert isinstance(run.errors[0].error, RecordsRejected)
+    assert sorted(r.stream_seq for r in sink.records) == [1, 2, 4, 6]
+    assert info.num_redelivered == 0
 
 
 async def test_dead_letters_without_a_stream_go_to_core_subscribers(nats_server, peer):

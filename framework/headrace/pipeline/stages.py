@@ -22,6 +22,7 @@ from headrace.jetstream.errors import JetStreamError
 from headrace.pipeline.batch import Batch
 from headrace.pipeline.record import Record
 from headrace.pipeline.sink import SinkRunner
+from headrace.sinks.errors import RecordsRejected, SinkError
 
 if TYPE_CHECKING:
     from headrace.jetstream.context import JetStream
@@ -376,13 +377,29 @@ class SinkStage(Stage):
         started = trio.current_time()
         try:
             await self.runner.write_batch(batch)
-        except Exception as exc:
-            stats.batches_failed += 1
-            self.tracker.failed(records, exc)
+        except RecordsRejected as exc:
+            # Committed but for some records: those fail alone (nak, dead letter), the rest is
+            # acked as for a whole batch. A message with records on both sides is failed (its
+            # failure wins), and the sink skips the committed ones when it comes again.
+            rejected = {id(record) for record, _ in exc.rejected}
+            if not rejected <= {id(record) for record in records}:
+                wrong = SinkError(f"sink {self.node.name!r} rejected records not in the batch")
+                self._failed(records, wrong)
+                return
+            for record, error in exc.rejected:
+                self.tracker.failed([record], error)
             self.run_.report_error(self.node.name, exc)
+            records = [r for r in records if id(r) not in rejected]
+        except Exception as exc:
+            self._failed(records, exc)
             return
         elapsed = trio.current_time() - started
         stats.batches_committed += 1
         stats.commit_seconds_last = elapsed
         stats.commit_seconds_total += elapsed
         self.tracker.committed(records)
+
+    def _failed(self, records: list[Record], exc: BaseException) -> None:
+        self.run_.stats.batches_failed += 1
+        self.tracker.failed(records, exc)
+        self.run_.report_error(self.node.name, exc)

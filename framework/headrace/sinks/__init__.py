@@ -11,6 +11,7 @@ from __future__ import annotations
 from headrace.sinks.errors import (
     CorruptOutput,
     OutputInUse,
+    RecordsRejected,
     SinkError,
     SinkLoadError,
     SinkNotOpen,
@@ -31,6 +32,7 @@ __all__ = [
     "JsonlSink",
     "MemorySink",
     "OutputInUse",
+    "RecordsRejected",
     "SeqSet",
     "SinkError",
     "SinkLoadError",

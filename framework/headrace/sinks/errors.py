@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from headrace.errors import HeadraceError
+
+if TYPE_CHECKING:
+    from headrace.pipeline.record import Record
 
 
 class SinkError(HeadraceError):
@@ -60,3 +64,25 @@ class UnserialisableValue(SinkError, TypeError):
 
     Convert it in an operator before the sink (``map``), or write a sink for that type.
     """
+
+
+class RecordsRejected(SinkError):
+    """Raised by ``write_batch`` after it committed the batch *except* some records that can
+    never be written (a value that does not fit the sink's schema: a poison record).
+
+    The pipeline acks the messages of the committed records and fails only the rejected ones
+    (nak, then dead letter past ``max_deliveries``), so one bad record does not hold back, or
+    dead-letter, the good records batched with it. ``rejected`` pairs each record with why it
+    was rejected.
+    """
+
+    def __init__(self, rejected: Sequence[tuple[Record, BaseException]]) -> None:
+        if not rejected:
+            raise ValueError("RecordsRejected needs at least one rejected record")
+        self.rejected = list(rejected)
+        record, error = self.rejected[0]
+        more = f" (and {len(self.rejected) - 1} more)" if len(self.rejected) > 1 else ""
+        super().__init__(
+            f"{len(self.rejected)} record(s) rejected, the rest of the batch committed; "
+            f"{record.stream} #{record.stream_seq}: {error}{more}"
+        )
