@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	@touch $@
 
-## The main job. Until `headrace demo` exists (the Spark issue), the NATS example.
+## The main job: JetStream orders -> pipeline -> Spark parquet in ./headrace-demo, checked.
 demo: $(STAMP)
-	$(BIN)/python examples/hello_nats.py
+	$(BIN)/headrace demo
 
 ## The whole test suite: real nats-server processes, fuzzing, slow tests included.
 test: $(STAMP)
@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/headrace bench core
 	$(BIN)/headrace bench consume --anchors
 	$(BIN)/headrace bench pipeline
+	$(BIN)/headrace bench e2e
 
 ## The peers' own figures on this machine (nats-py, nats.js, libnats), for context.
 anchors: $(STAMP)

@@ -71,3 +71,11 @@ def tls_files() -> Iterator[TLSFiles]:
     """CA, server cert (127.0.0.1/localhost), client cert and an unrelated CA, as PEM files."""
     with TLSFiles.create() as files:
         yield files
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Spark tests share one JVM (one SparkSession per test session, tests/spark/conftest.py):
+    under xdist they all go to one worker (``--dist loadgroup``), the others spread as usual."""
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))

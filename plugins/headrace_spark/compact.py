@@ -53,7 +53,7 @@ def compact_output(
         staging = out.staging(token)
         try:
             frame = spark.read.parquet(*[str(out.root / f) for f in files])
-            frame.coalesce(1).write.format("parquet").mode("errorifexists").save(str(staging))
+            frame.coalesce(1).write.format("parquet").mode("error").save(str(staging))
             added = out.stage_into_place(staging, token, under=directory)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -112,22 +112,46 @@ def schema_of(declared: pa.Schema | type) -> pa.Schema:
     raise SparkSchemaError(f"schema must be a pyarrow.Schema or an attrs class, not {declared!r}")
 
 
-def metadata_arrays(records: Sequence[Record], prefix: str = "") -> dict[str, pa.Array]:
-    """The metadata columns of ``records``."""
+def metadata_arrays(
+    records: Sequence[Record], prefix: str = "", names: Sequence[str] | None = None
+) -> dict[str, pa.Array]:
+    """The metadata columns ``names`` (default: all, in :data:`METADATA_SCHEMA` order) of
+    ``records``; a column not asked for costs nothing."""
     msgs = [r.delivery.msg for r in records]
     metas = [m.metadata for m in msgs]
-    return {
-        f"{prefix}subject": pa.array([m.subject for m in msgs], pa.string()),
-        f"{prefix}data": pa.array([m.data for m in msgs], pa.binary()),
-        f"{prefix}headers": pa.array(_header_maps(msgs), HEADERS_TYPE),
-        f"{prefix}stream": pa.array([m.stream for m in metas], pa.string()),
-        f"{prefix}stream_seq": pa.array([m.stream_seq for m in metas], pa.int64()),
-        f"{prefix}consumer_seq": pa.array([m.consumer_seq for m in metas], pa.int64()),
-        f"{prefix}num_delivered": pa.array([m.num_delivered for m in metas], pa.int32()),
-        f"{prefix}timestamp": pa.array(
+    makers: dict[str, Callable[[], pa.Array]] = {
+        "subject": lambda: pa.array([m.subject for m in msgs], pa.string()),
+        "data": lambda: pa.array([m.data for m in msgs], pa.binary()),
+        "headers": lambda: pa.array(_header_maps(msgs), HEADERS_TYPE),
+        "stream": lambda: pa.array([m.stream for m in metas], pa.string()),
+        "stream_seq": lambda: pa.array([m.stream_seq for m in metas], pa.int64()),
+        "consumer_seq": lambda: pa.array([m.consumer_seq for m in metas], pa.int64()),
+        "num_delivered": lambda: pa.array([m.num_delivered for m in metas], pa.int32()),
+        "timestamp": lambda: pa.array(
             [m.timestamp_ns // 1000 for m in metas], pa.timestamp("us", "UTC")
         ),
     }
+    return {f"{prefix}{name}": makers[name]() for name in names or METADATA_SCHEMA.names}
+
+
+def metadata_names(keep: bool | Sequence[str]) -> tuple[str, ...]:
+    """The metadata columns ``keep_metadata`` asks for: all (True), none (False), or those
+    named, in :data:`METADATA_SCHEMA` order."""
+    if keep is True:
+        return tuple(METADATA_SCHEMA.names)
+    if keep is False:
+        return ()
+    if isinstance(keep, str):
+        keep = [keep]
+    unknown = sorted(set(keep) - set(METADATA_SCHEMA.names))
+    if unknown:
+        raise SparkSchemaError(
+            f"keep_metadata names {unknown}, which are not metadata columns; they are "
+            f"{METADATA_SCHEMA.names}"
+        )
+    if not keep:
+        raise SparkSchemaError("keep_metadata is an empty list; say False for no metadata")
+    return tuple(n for n in METADATA_SCHEMA.names if n in keep)
 
 
 def _header_maps(msgs: Sequence[Any]) -> list[dict[str, list[str]]]:
@@ -156,32 +180,36 @@ class TableBuilder:
     ``schema`` None: the metadata columns only. Otherwise each record's value (or
     ``decode(record)``) is an attrs instance or a dict with the schema's fields; with
     ``keep_metadata`` the metadata columns follow, their names prefixed by ``metadata_prefix``.
+    ``keep_metadata`` may name the metadata columns to keep (``["stream", "stream_seq"]``);
+    without a schema that selects the columns written.
     """
 
     schema: pa.Schema | type | None = None
     decode: Callable[[Record], Any] | None = None
-    keep_metadata: bool = False
+    keep_metadata: bool | Sequence[str] = False
     metadata_prefix: str = ""
     arrow_schema: pa.Schema = attrs.field(init=False)
     _declared: pa.Schema | None = attrs.field(init=False)
+    _meta: tuple[str, ...] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_declared", None)
         if self.schema is None:
             if self.decode is not None:
                 raise SparkSchemaError("decode needs a schema: the columns its values fill")
-            arrow = METADATA_SCHEMA
-            if self.metadata_prefix:
-                arrow = pa.schema(
-                    [f.with_name(self.metadata_prefix + f.name) for f in METADATA_SCHEMA]
-                )
+            names = metadata_names(True if self.keep_metadata is False else self.keep_metadata)
+            object.__setattr__(self, "_meta", names)
+            arrow = pa.schema(
+                [METADATA_SCHEMA.field(n).with_name(self.metadata_prefix + n) for n in names]
+            )
         else:
             arrow = schema_of(self.schema)
             object.__setattr__(self, "_declared", arrow)
-            if self.keep_metadata:
-                names = set(arrow.names)
-                meta = [f.with_name(self.metadata_prefix + f.name) for f in METADATA_SCHEMA]
-                clash = sorted(names & {f.name for f in meta})
+            names = metadata_names(self.keep_metadata)
+            object.__setattr__(self, "_meta", names)
+            if names:
+                meta = [METADATA_SCHEMA.field(n).with_name(self.metadata_prefix + n) for n in names]
+                clash = sorted(set(arrow.names) & {f.name for f in meta})
                 if clash:
                     raise SparkSchemaError(
                         f"the schema's columns {clash} clash with the metadata columns; set "
@@ -192,10 +220,25 @@ class TableBuilder:
         object.__setattr__(self, "arrow_schema", arrow)
 
     def build(self, records: Sequence[Record]) -> pa.Table:
+        """The table of ``records``; :class:`SparkSchemaError` for the first that does not fit
+        (see :meth:`build_accepting` to set such records aside instead)."""
         if self.schema is None:
-            return pa.table(metadata_arrays(records, self.metadata_prefix), self.arrow_schema)
+            return pa.table(
+                metadata_arrays(records, self.metadata_prefix, self._meta), self.arrow_schema
+            )
         decode = self.decode
-        values = [decode(r) for r in records] if decode else [r.value for r in records]
+        try:
+            values = [decode(r) for r in records] if decode else [r.value for r in records]
+        except Exception as exc:
+            for record in records:
+                try:
+                    decode(record)  # type: ignore[misc]
+                except Exception as one:
+                    raise SparkSchemaError(
+                        f"decode failed for the record at {_where(record)}: "
+                        f"{type(one).__name__}: {one}"
+                    ) from one
+            raise SparkSchemaError(f"decode failed: {type(exc).__name__}: {exc}") from exc
         declared = self._declared
         assert declared is not None
         columns: dict[str, pa.Array] = {}
@@ -212,12 +255,56 @@ class TableBuilder:
                     f"{_where(records[i])} has no value for it",
                     field.name,
                 )
-        if self.keep_metadata:
-            columns.update(metadata_arrays(records, self.metadata_prefix))
+        if self._meta:
+            columns.update(metadata_arrays(records, self.metadata_prefix, self._meta))
         return pa.table(columns, self.arrow_schema)
+
+    def build_accepting(
+        self, records: Sequence[Record]
+    ) -> tuple[pa.Table, list[Record], list[tuple[Record, SparkSchemaError]]]:
+        """The table of the records that fit, those records, and the others with the reason
+        each does not (a poison record fails alone, not its whole batch).
+
+        Records of one message stand or fall together: when one is set aside, so are the
+        others, since the message will be delivered again and its committed records would
+        then be skipped, the set-aside one with them.
+        """
+        try:
+            return self.build(records), list(records), []
+        except SparkSchemaError as exc:
+            if len(records) == 1:
+                return self.arrow_schema.empty_table(), [], [(records[0], exc)]
+        rejected: list[tuple[Record, SparkSchemaError]] = []
+        for record in records:
+            try:
+                self.build([record])
+            except SparkSchemaError as exc:
+                rejected.append((record, exc))
+        if not rejected:  # the batch failed as a whole but no record alone: not a record's fault
+            return self.build(records), list(records), []
+        bad = {(r.stream, r.stream_seq) for r, _ in rejected}
+        alone = {id(r) for r, _ in rejected}
+        good: list[Record] = []
+        for record in records:
+            if (record.stream, record.stream_seq) not in bad:
+                good.append(record)
+            elif id(record) not in alone:
+                rejected.append(
+                    (record, SparkSchemaError("another record of its message does not fit"))
+                )
+        return self.build(good) if good else self.arrow_schema.empty_table(), good, rejected
 
     @staticmethod
     def _column(values: list[Any], name: str, records: Sequence[Record]) -> list[Any]:
+        # The usual batch holds one kind of value: one type check for the batch, then a plain
+        # comprehension per column (this is per record and per field, the table's main cost).
+        kinds = {type(v) for v in values}
+        if len(kinds) == 1:
+            (kind,) = kinds
+            if issubclass(kind, dict):
+                return [v.get(name) for v in values]
+            if attrs.has(kind):
+                return [getattr(v, name, None) for v in values]
         column = []
         for value, record in zip(values, records, strict=True):
             if isinstance(value, dict):

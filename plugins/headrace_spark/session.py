@@ -152,6 +152,20 @@ class JobTags:
             self.spark.sparkContext.cancelJobsWithTag(tag)
 
 
+def empty_frame(spark: Any, schema: Any) -> Any:
+    """An empty DataFrame with the columns of the Arrow ``schema``, typed as
+    ``spark.createDataFrame`` types a batch of that schema. Spark Connect cannot make one from
+    an empty Arrow table (it infers the schema from the rows: CANNOT_INFER_EMPTY_SCHEMA), so
+    there it gets the schema converted."""
+    if not is_connect(spark):
+        return spark.createDataFrame(schema.empty_table())
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    ntz = str(spark.conf.get("spark.sql.timestampType", "TIMESTAMP_LTZ")).upper()
+    struct = from_arrow_schema(schema, prefer_timestamp_ntz=ntz == "TIMESTAMP_NTZ")
+    return spark.createDataFrame([], schema=struct)
+
+
 def first_line(exc: BaseException) -> str:
     """The useful part of a Spark error: its first line (Py4J adds the JVM stack below)."""
     text = str(exc).strip()

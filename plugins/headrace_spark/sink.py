@@ -33,14 +33,19 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pyarrow as pa
 import trio
-from headrace.sinks.errors import SinkNotOpen
+from headrace.sinks.errors import RecordsRejected, SinkNotOpen
 from headrace.sinks.output import DirectoryLock, SeqSet
 
-from headrace_spark.errors import SparkJobCancelled, SparkSinkError, SparkWriteError
+from headrace_spark.errors import (
+    SparkJobCancelled,
+    SparkSchemaError,
+    SparkSinkError,
+    SparkWriteError,
+)
 from headrace_spark.ledger import FOLD_AFTER, CommitLedger
 from headrace_spark.output import OutputDir, new_token
 from headrace_spark.schema import TableBuilder
-from headrace_spark.session import JobTags, first_line, start_session
+from headrace_spark.session import JobTags, empty_frame, first_line, start_session
 from headrace_spark.targets import ParquetTarget, TableTarget
 
 if TYPE_CHECKING:
@@ -62,6 +67,8 @@ class CommitInfo:
     #: Records of the batch left out as already committed.
     skipped: int
     seconds: float
+    #: Records set aside as not fitting the schema (raised as RecordsRejected after commit).
+    rejected: int = 0
 
 
 class SparkSink:
@@ -71,8 +78,9 @@ class SparkSink:
     Columns: by default the message metadata (subject, data, headers, stream, stream_seq,
     consumer_seq, num_delivered, timestamp); with ``schema`` (a ``pyarrow.Schema`` or an attrs
     class) the fields of each record's value, or of ``decode(record)``, plus the metadata
-    columns if ``keep_metadata``. ``transform`` may change the DataFrame before it is written
-    (derived columns, casts). ``partition_by`` names columns of the written DataFrame.
+    columns if ``keep_metadata`` (True, or the names of the ones to keep). ``transform`` may
+    change the DataFrame before it is written (derived columns, casts). ``partition_by`` names
+    columns of the written DataFrame.
 
     Session: ``spark`` (yours; never stopped by the sink), else one started on ``master``
     (``local[*]``, a cluster URL, or ``sc://`` for Spark Connect) with ``conf`` over quiet,
@@ -87,7 +95,7 @@ class SparkSink:
         partition_by: Sequence[str] = (),
         schema: pa.Schema | type | None = None,
         decode: Callable[[Record], Any] | None = None,
-        keep_metadata: bool = False,
+        keep_metadata: bool | Sequence[str] = False,
         metadata_prefix: str = "",
         transform: Callable[[Any], Any] | None = None,
         spark: Any = None,
@@ -137,6 +145,8 @@ class SparkSink:
         self.batches_committed = 0
         self.rows_written = 0
         self.duplicates_skipped = 0
+        #: Records set aside because they do not fit the schema (poison records).
+        self.records_rejected = 0
         #: Files of uncommitted attempts removed, and committed ones rolled forward, at open().
         self.recovered_removed = 0
         self.recovered_rolled = 0
@@ -197,9 +207,10 @@ class SparkSink:
                 self.spark = start_session(**self._session_args)
             spark = self.spark
             self._tags = JobTags(spark)
-            template = spark.createDataFrame(self.builder.arrow_schema.empty_table())
+            template = empty_frame(spark, self.builder.arrow_schema)
             if self.transform is not None:
                 template = self.transform(template)
+            self._check_partitions(list(template.columns))
             root = self.target.location(spark, template)
             out = OutputDir(root, fsync=self.fsync)
             out.prepare()
@@ -228,6 +239,24 @@ class SparkSink:
             self._out, self._ledger, self._lock = out, ledger, lock
             self.recovered_rolled, self.recovered_removed = rolled, removed
             self.batches_committed = self.rows_written = self.duplicates_skipped = 0
+            self.records_rejected = 0
+
+    def _check_partitions(self, columns: list[str]) -> None:
+        """``partition_by`` must name columns of the written DataFrame, and leave some for the
+        files: said at ``open`` rather than by Spark at the first batch."""
+        partition_by = self.target.partition_by
+        unknown = [c for c in partition_by if c not in columns]
+        if unknown:
+            raise SparkSchemaError(
+                f"{self!r}: partition_by names {unknown}, which the written DataFrame lacks; "
+                f"its columns are {columns}",
+                unknown[0],
+            )
+        if partition_by and len(partition_by) == len(columns):
+            raise SparkSchemaError(
+                f"{self!r}: partition_by {list(partition_by)} takes every column; the data "
+                "files would hold none"
+            )
 
     def _write_sync(self, records: list[Record], tag: str) -> CommitInfo | None:
         with self._mutex:
@@ -240,6 +269,11 @@ class SparkSink:
             self.duplicates_skipped += skipped
             if not keep:
                 return None
+            # A record that does not fit the schema is set aside, not the batch with it.
+            table, keep, rejected = self.builder.build_accepting(keep)
+            if not keep:
+                self.records_rejected += len(rejected)
+                raise RecordsRejected(rejected)
             by_stream: dict[str, list[int]] = {}
             for record in keep:
                 by_stream.setdefault(record.stream, []).append(record.stream_seq)
@@ -248,7 +282,6 @@ class SparkSink:
                 f"{stream}-{s.intervals[0][0]}-{s.intervals[-1][1]}"
                 for stream, s in sorted(seqs.items())
             )
-            table = self.builder.build(keep)
             token = new_token(key)
             staging = out.staging(token)
             try:
@@ -270,9 +303,13 @@ class SparkSink:
                 ledger.fold()
             self.batches_committed += 1
             self.rows_written += len(keep)
-            info = CommitInfo(key, tuple(files), len(keep), skipped, time.perf_counter() - started)
+            self.records_rejected += len(rejected)
+            elapsed = time.perf_counter() - started
+            info = CommitInfo(key, tuple(files), len(keep), skipped, elapsed, len(rejected))
         if self.on_commit is not None:
             self.on_commit(info)
+        if rejected:
+            raise RecordsRejected(rejected)  # committed; the pipeline fails only these
         return info
 
     @staticmethod
@@ -304,7 +341,8 @@ class SparkSink:
                 df = self.transform(df)
             if self.files_per_batch is not None:
                 df = df.coalesce(self.files_per_batch)
-            writer = df.write.format("parquet").mode("errorifexists")
+            # "error" (= errorifexists), the one spelling Spark Connect accepts too
+            writer = df.write.format("parquet").mode("error")
             if self.target.partition_by:
                 writer = writer.partitionBy(*self.target.partition_by)
             writer.save(str(staging))

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from headrace_spark.errors import SparkSchemaError, SparkSinkError
+from headrace_spark.session import first_line
 
 
 def local_path(location: str, what: str) -> Path:
@@ -95,7 +96,10 @@ class TableTarget:
             writer = template.limit(0).write.format("parquet")
             if self.partition_by:
                 writer = writer.partitionBy(*self.partition_by)
-            writer.saveAsTable(self.name)
+            try:
+                writer.saveAsTable(self.name)
+            except Exception as exc:  # no such database, no permission, a bad column name...
+                raise SparkSinkError(f"cannot create table {self.name}: {first_line(exc)}") from exc
         else:
             self._check(spark, template)
         rows = spark.sql(f"DESCRIBE TABLE EXTENDED {self.name}").collect()

@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import pty
-import signal
 import struct
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from procs import LineProcess
 
 HEADRACE = str(Path(sys.executable).parent / "headrace")
 
@@ -51,40 +51,12 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-class HeadraceProcess:
+class HeadraceProcess(LineProcess):
     """A running ``headrace`` command; its stdout and stderr collected as lines."""
 
     def __init__(self, proc: trio.Process, args: list[str]) -> None:
-        self.proc = proc
+        super().__init__(proc)
         self.args = args
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._changed = trio.Event()
-        self._eof = 0
-
-    async def _read(self, stream: Any, lines: list[str]) -> None:
-        pending = b""
-        while True:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                break
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            if complete:
-                lines.extend(line.decode("utf-8", "replace") for line in complete)
-                self._wake()
-        if pending:
-            lines.append(pending.decode("utf-8", "replace"))
-        self._eof += 1
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    @property
-    def eof(self) -> bool:
-        return self._eof >= 2
 
     def transcript(self) -> str:
         return (
@@ -153,20 +125,8 @@ class HeadraceProcess:
         index, line = await self.wait_line(match, start=start, timeout=timeout)
         return index, json.loads(line)
 
-    def signal(self, sig: signal.Signals = signal.SIGINT) -> None:
-        self.proc.send_signal(sig)
-
     async def wait_exit(self, timeout: float = 30) -> int:
-        try:
-            with trio.fail_after(timeout):
-                code = await self.proc.wait()
-                while not self.eof:
-                    await self._changed.wait()
-        except trio.TooSlowError:
-            raise AssertionError(
-                f"headrace did not exit within {timeout}s\n" + self.transcript()
-            ) from None
-        return code
+        return await self._wait_exit(timeout, "headrace did not exit")
 
 
 @asynccontextmanager

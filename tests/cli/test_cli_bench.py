@@ -1,0 +1,74 @@
+"""`headrace bench` wiring: the subcommands and their options exist, misuse is refused before
+anything starts (no servers, no Spark)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from cli_support import HEADRACE
+from headrace.benchmarks import e2e
+from headrace.cli.main import build_parser
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HEADRACE, "bench", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_bench_e2e_help() -> None:
+    done = _run("e2e", "--help")
+    assert done.returncode == 0, done.stderr
+    for option in ("e2e", "--messages", "--batch", "--json", "--spark-master"):
+        assert option in done.stdout
+
+
+def test_bench_e2e_parses() -> None:
+    args = build_parser().parse_args(
+        ["bench", "e2e", "--messages", "5000", "--batch", "2000", "--spark-master", "local[2]"]
+    )
+    assert (args.what, args.messages, args.batch, args.spark_master) == (
+        "e2e",
+        5000,
+        2000,
+        "local[2]",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["core", "--batch", "10"], "apply to `bench e2e` only"),
+        (["pipeline", "--spark-master", "local[1]"], "apply to `bench e2e` only"),
+        (["e2e", "--payload", "512"], "--payload does not apply"),
+    ],
+)
+def test_bench_refuses_options_of_other_benchmarks(argv: list[str], complaint: str) -> None:
+    done = _run(*argv)
+    assert done.returncode == 2
+    assert complaint in done.stderr
+
+
+def test_missing_pyspark_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(e2e, "_have_module", lambda name: name != "pyspark")
+    with pytest.raises(e2e.SparkUnavailable, match=r"pip install 'headrace\[spark\]'"):
+        e2e.check_spark()
+
+
+def test_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(e2e, "_have_module", lambda name: True)
+    monkeypatch.setattr(e2e, "_have_java", lambda: False)
+    with pytest.raises(e2e.SparkUnavailable, match="Java"):
+        e2e.check_spark("local[*]")
+    e2e.check_spark("sc://localhost")  # Spark Connect: the JVM is the server's
+
+
+def test_orders_are_json_of_the_announced_size() -> None:
+    import json
+
+    for i in (0, 1, 12_345, 199_999, 10**8):
+        subject, body = e2e.order(i)
+        assert subject.startswith("orders.")
+        assert json.loads(body)["order_id"] == f"o-{i:09d}"
+        assert 100 <= len(body) <= 200

@@ -1,0 +1,68 @@
+"""Helpers of the Spark tests: what a Spark sink left in its output directory (visible data files,
+hidden ones, ledger entries) and what Spark reads back from it.
+
+Importing this module also puts ``tests/sinks`` and ``tests/pipeline`` on ``sys.path``, so that a
+test module can import ``sink_support`` (records made without a server) and ``pipe_support``
+(pipelines on a real nats-server) after it. Nothing of theirs is re-exported here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parents[1]
+
+for _helpers in (TESTS / "sinks", TESTS / "pipeline"):  # sink_support, pipe_support
+    if str(_helpers) not in sys.path:
+        sys.path.insert(0, str(_helpers))
+
+#: The sink's control directory under an output (ledger, staging): not data.
+CONTROL = "_headrace"
+
+
+def data_files(out: Path) -> list[str]:
+    """Visible data files under ``out`` (what a reader lists), relative to it."""
+    return sorted(
+        p.relative_to(out).as_posix()
+        for p in out.rglob("*.parquet")
+        if not any(part.startswith(("_", ".")) for part in p.relative_to(out).parts)
+    )
+
+
+def hidden_files(out: Path) -> list[str]:
+    """Files outside the control directory that readers skip (hidden, pending): every file
+    there that is not a visible data file."""
+    visible = set(data_files(out))
+    return sorted(
+        p.relative_to(out).as_posix()
+        for p in out.rglob("*")
+        if p.is_file()
+        and p.relative_to(out).parts[0] != CONTROL
+        and p.relative_to(out).as_posix() not in visible
+    )
+
+
+def ledger_entries(out: Path) -> list[str]:
+    """The names in the commit ledger's directory; it must exist (the sink's ``open`` makes
+    it), so a test cannot pass on an output that was never opened."""
+    return sorted(p.name for p in (out / CONTROL / "ledger").iterdir())
+
+
+def read_rows(spark: Any, path: Path | str) -> list[dict[str, Any]]:
+    """Every row of the parquet data under ``path`` as dicts (Spark's own reader, so what a
+    user of the output would see)."""
+    return [row.asDict(recursive=True) for row in spark.read.parquet(str(path)).collect()]
+
+
+def stream_seqs(spark: Any, path: Path | str) -> list[int]:
+    """The ``stream_seq`` column of the output, sorted, duplicates kept."""
+    df = spark.read.parquet(str(path))
+    return sorted(r[0] for r in df.select("stream_seq").collect())
+
+
+def all_acked(n: int) -> Callable[[Any], bool]:
+    """A ``wait_consumer`` predicate: the first ``n`` messages acked, none pending."""
+    return lambda info: info.ack_floor.stream_seq == n and info.num_ack_pending == 0
