@@ -208,7 +208,7 @@ def _naive_schema() -> Any:
     )
 
 
-def _warm_up(spark: Any, where: Path) -> float:
+def _warm_up(spark: Any, where: Path, rows: int = WARMUP_ROWS) -> float:
     """The same few small writes in every process, through the Arrow path (the Spark sink's)
     and the Row path (the naive loop's), so that neither pays the JVM's first-use costs."""
     import pyarrow as pa
@@ -220,22 +220,22 @@ def _warm_up(spark: Any, where: Path) -> float:
     schema = _naive_schema()
     headers = {k: [v] for k, v in HEADERS.items()}
     for r in range(WARMUP_ROUNDS):
-        bodies = [order(i)[1] for i in range(WARMUP_ROWS)]
+        bodies = [order(i)[1] for i in range(rows)]
         table = pa.table(
             {
-                "subject": pa.array(["orders.eu"] * WARMUP_ROWS, pa.string()),
+                "subject": pa.array(["orders.eu"] * rows, pa.string()),
                 "data": pa.array(bodies, pa.binary()),
-                "headers": pa.array([headers] * WARMUP_ROWS, HEADERS_TYPE),
-                "stream": pa.array([STREAM] * WARMUP_ROWS, pa.string()),
-                "stream_seq": pa.array(range(WARMUP_ROWS), pa.int64()),
-                "consumer_seq": pa.array(range(WARMUP_ROWS), pa.int64()),
-                "num_delivered": pa.array([1] * WARMUP_ROWS, pa.int32()),
-                "timestamp": pa.array([now] * WARMUP_ROWS, pa.timestamp("us", "UTC")),
+                "headers": pa.array([headers] * rows, HEADERS_TYPE),
+                "stream": pa.array([STREAM] * rows, pa.string()),
+                "stream_seq": pa.array(range(rows), pa.int64()),
+                "consumer_seq": pa.array(range(rows), pa.int64()),
+                "num_delivered": pa.array([1] * rows, pa.int32()),
+                "timestamp": pa.array([now] * rows, pa.timestamp("us", "UTC")),
             },
             schema=METADATA_SCHEMA,
         )
         spark.createDataFrame(table).coalesce(1).write.parquet(str(where / f"arrow-{r}"))
-        rows = [
+        py_rows = [
             Row(
                 subject="orders.eu",
                 data=body,
@@ -248,7 +248,7 @@ def _warm_up(spark: Any, where: Path) -> float:
             )
             for i, body in enumerate(bodies)
         ]
-        spark.createDataFrame(rows, schema).write.mode("append").parquet(str(where / "rows"))
+        spark.createDataFrame(py_rows, schema).write.mode("append").parquet(str(where / "rows"))
         spark.read.parquet(str(where / f"arrow-{r}")).select("stream_seq").distinct().count()
     return time.perf_counter() - started
 
@@ -288,7 +288,7 @@ def _reset_peak_rss(pid: int | str) -> None:
         pass
 
 
-def _verify(spark: Any, out: Path, n: int) -> tuple[int, int, float]:
+def _verify(spark: Any, out: Path) -> tuple[int, int, float]:
     """Rows and distinct stream sequences in the output, read back by Spark; and how long
     that took."""
     started = time.perf_counter()
@@ -519,7 +519,8 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     _JVM[0] = _jvm_pid()
     work = Path(args.work)
     try:
-        warmup_s = _warm_up(spark, work / f"warmup-{args.impl}-{os.getpid()}")
+        warm = work / f"warmup-{args.impl}-{os.getpid()}"
+        warmup_s = _warm_up(spark, warm, min(WARMUP_ROWS, max(1000, args.messages)))
         out = work / f"out-{args.impl}-{os.getpid()}"
         _reset_peak_rss("self")
         if _JVM[0] is not None:
@@ -530,7 +531,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             )
         else:
             result = asyncio.run(_run_naive(args.url, args.messages, args.batch, spark, out))
-        rows, distinct, verify_s = _verify(spark, out, args.messages)
+        rows, distinct, verify_s = _verify(spark, out)
         result["problems"] += _output_problems(args.messages, rows, distinct)
         result.update(
             rows=rows,
