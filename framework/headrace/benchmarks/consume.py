@@ -58,7 +58,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,16 +155,12 @@ def _client_problems(n: int, got: int, order: _Order) -> list[str]:
     return problems + order.problems
 
 
-def _server_problems(
-    n: int,
-    ack: bool,
-    *,
-    delivered: int,
-    deliveries: int,
-    redelivered: int,
-    ack_pending: int,
-    ack_floor: int,
-) -> list[str]:
+def _server_problems(n: int, ack: bool, info: Any) -> list[str]:
+    """What the server's consumer ``info`` (headrace's or nats-py's, which name the fields
+    alike) says is wrong after a run over N messages."""
+    delivered = info.delivered.stream_seq
+    deliveries = info.delivered.consumer_seq
+    redelivered = info.num_redelivered or 0
     problems = []
     if delivered != n:
         problems.append(f"consumer delivered up to stream sequence {delivered}, not {n}")
@@ -173,11 +169,31 @@ def _server_problems(
     if redelivered:
         problems.append(f"{redelivered} messages were redelivered")
     if ack:
+        ack_pending = info.num_ack_pending or 0
+        ack_floor = info.ack_floor.stream_seq
         if ack_pending:
             problems.append(f"num_ack_pending is {ack_pending}, not 0")
         if ack_floor != n:
             problems.append(f"ack floor is stream sequence {ack_floor}, not {n}")
     return problems
+
+
+async def _settled_problems(
+    n: int,
+    ack: bool,
+    fetch_info: Callable[[], Awaitable[Any]],
+    sleep: Callable[[float], Awaitable[Any]],
+    settle: float = SETTLE,
+) -> list[str]:
+    """:func:`_server_problems`, asked again until none remain or ``settle`` seconds passed:
+    the last acks may still be on their way when a run stops its clock. ``sleep`` is the event
+    loop's (trio or asyncio: the nats-py side runs under asyncio)."""
+    settle_by = time.monotonic() + settle
+    while True:
+        problems = _server_problems(n, ack, await fetch_info())
+        if not problems or time.monotonic() > settle_by:
+            return problems
+        await sleep(0.05)
 
 
 def _result(
@@ -282,21 +298,7 @@ async def _consume_headrace(
             else:
                 warnings += 1
         problems = _client_problems(n, got, order)
-        settle_by = trio.current_time() + SETTLE
-        while True:
-            info = await consumer.info()
-            server = _server_problems(
-                n,
-                ack,
-                delivered=info.delivered.stream_seq,
-                deliveries=info.delivered.consumer_seq,
-                redelivered=info.num_redelivered,
-                ack_pending=info.num_ack_pending,
-                ack_floor=info.ack_floor.stream_seq,
-            )
-            if not server or trio.current_time() > settle_by:
-                break
-            await trio.sleep(0.05)
+        server = await _settled_problems(n, ack, consumer.info, trio.sleep)
         await consumer.delete()
     return _result(
         "headrace",
@@ -345,21 +347,7 @@ async def _consume_natspy(url: str, n: int, ack: bool, idle: float) -> dict[str,
     elapsed = time.perf_counter() - started
     peak = _peak_rss_mb()
     problems = _client_problems(n, got, order)
-    settle_by = time.monotonic() + SETTLE
-    while True:
-        info = await js.consumer_info(STREAM, name)
-        server = _server_problems(
-            n,
-            ack,
-            delivered=info.delivered.stream_seq,
-            deliveries=info.delivered.consumer_seq,
-            redelivered=info.num_redelivered or 0,
-            ack_pending=info.num_ack_pending or 0,
-            ack_floor=info.ack_floor.stream_seq,
-        )
-        if not server or time.monotonic() > settle_by:
-            break
-        await asyncio.sleep(0.05)
+    server = await _settled_problems(n, ack, lambda: js.consumer_info(STREAM, name), asyncio.sleep)
     await js.delete_consumer(STREAM, name)
     await nc.close()
     return _result(

@@ -54,7 +54,7 @@ from headrace.benchmarks.consume import (
     _last_json,
     _peak_rss_mb,
     _run_child,
-    _server_problems,
+    _settled_problems,
 )
 from headrace.localserver import LocalServer
 
@@ -367,21 +367,9 @@ async def _run_headrace(
         stats = run.stats
         python_rss, jvm_rss = _peak_rss_mb(), _jvm_peak_rss_mb()
         js = JetStream(nc)
-        settle_by = time.monotonic() + SETTLE
-        while True:
-            info = await js.consumer_info(STREAM, name)
-            server = _server_problems(
-                n,
-                True,
-                delivered=info.delivered.stream_seq,
-                deliveries=info.delivered.consumer_seq,
-                redelivered=info.num_redelivered,
-                ack_pending=info.num_ack_pending,
-                ack_floor=info.ack_floor.stream_seq,
-            )
-            if not server or time.monotonic() > settle_by:
-                break
-            await trio.sleep(0.05)
+        server = await _settled_problems(
+            n, True, lambda: js.consumer_info(STREAM, name), trio.sleep, SETTLE
+        )
         await js.delete_consumer(STREAM, name)
     committed = sum(c.rows for c in commits)
     problems = [] if committed == n else [f"committed {committed} rows, not {n}"]
@@ -471,21 +459,9 @@ async def _run_naive(url: str, n: int, batch: int, spark: Any, out: Path) -> dic
     await nc.flush(30)
     elapsed = time.perf_counter() - started
     python_rss, jvm_rss = _peak_rss_mb(), _jvm_peak_rss_mb()
-    settle_by = time.monotonic() + SETTLE
-    while True:
-        info = await js.consumer_info(STREAM, name)
-        server = _server_problems(
-            n,
-            True,
-            delivered=info.delivered.stream_seq,
-            deliveries=info.delivered.consumer_seq,
-            redelivered=info.num_redelivered or 0,
-            ack_pending=info.num_ack_pending or 0,
-            ack_floor=info.ack_floor.stream_seq,
-        )
-        if not server or time.monotonic() > settle_by:
-            break
-        await asyncio.sleep(0.05)
+    server = await _settled_problems(
+        n, True, lambda: js.consumer_info(STREAM, name), asyncio.sleep, SETTLE
+    )
     await js.delete_consumer(STREAM, name)
     await nc.close()
     problems = [] if acked == n else [f"acked {acked} messages, not {n}"]

@@ -32,7 +32,7 @@ from headrace.benchmarks.consume import (
     _last_json,
     _peak_rss_mb,
     _run_child,
-    _server_problems,
+    _settled_problems,
 )
 from headrace.localserver import LocalServer
 
@@ -46,19 +46,6 @@ _ME = [sys.executable, "-m", "headrace.benchmarks.pipeline"]
 def transform(data: bytes) -> bytes:
     """The map of both implementations: cheap, so the figure is the plumbing's."""
     return data
-
-
-async def _server_check(js: Any, name: str, n: int) -> list[str]:
-    info = await js.consumer_info(STREAM, name)
-    return _server_problems(
-        n,
-        True,
-        delivered=info.delivered.stream_seq,
-        deliveries=info.delivered.consumer_seq,
-        redelivered=info.num_redelivered,
-        ack_pending=info.num_ack_pending,
-        ack_floor=info.ack_floor.stream_seq,
-    )
 
 
 class _CountingSink:
@@ -100,12 +87,9 @@ async def _run_headrace(url: str, n: int, buffer: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - started  # the drain's last acks are flushed
         js = JetStream(nc)
         problems = [] if sink.count == n else [f"committed {sink.count} records, not {n}"]
-        settle_by = time.monotonic() + 10
-        while True:
-            server = await _server_check(js, name, n)
-            if not server or time.monotonic() > settle_by:
-                break
-            await trio.sleep(0.05)
+        server = await _settled_problems(
+            n, True, lambda: js.consumer_info(STREAM, name), trio.sleep
+        )
         stats = run.stats
         await js.delete_consumer(STREAM, name)
     result = _result("headrace-pipeline", n, sink.count, elapsed, problems + server)
@@ -147,21 +131,7 @@ async def _run_natspy(url: str, n: int) -> dict[str, Any]:
     await nc.flush(30)
     elapsed = time.perf_counter() - started
     problems = [] if got == n else [f"processed {got} messages, not {n}"]
-    settle_by = time.monotonic() + 10
-    while True:
-        info = await js.consumer_info(STREAM, name)
-        server = _server_problems(
-            n,
-            True,
-            delivered=info.delivered.stream_seq,
-            deliveries=info.delivered.consumer_seq,
-            redelivered=info.num_redelivered or 0,
-            ack_pending=info.num_ack_pending or 0,
-            ack_floor=info.ack_floor.stream_seq,
-        )
-        if not server or time.monotonic() > settle_by:
-            break
-        await asyncio.sleep(0.05)
+    server = await _settled_problems(n, True, lambda: js.consumer_info(STREAM, name), asyncio.sleep)
     await js.delete_consumer(STREAM, name)
     await nc.close()
     result = _result("nats-py", n, got, elapsed, problems + server)
