@@ -21,6 +21,7 @@ from pipe_support import (
     add_stream,
     connect,
     consumer_info,
+    fake_record,
     fast_pipeline,
     publish,
     source,
@@ -160,6 +161,26 @@ async def test_rejected_records_fail_alone_and_the_rest_is_acked(nats_server, pe
         assert isinstance(run.errors[0].error, RecordsRejected)
     assert sorted(r.stream_seq for r in sink.records) == [1, 2, 4, 6]
     assert info.num_redelivered == 0
+
+
+class ConfusedSink(MemorySink):
+    """Rejects a record that was never in its batch: a sink bug, not a partial commit."""
+
+    async def write_batch(self, batch: Any) -> None:
+        raise RecordsRejected([(fake_record("S", 999), ValueError("not mine"))])
+
+
+async def test_rejecting_records_not_in_the_batch_fails_the_whole_batch(nats_server, peer):
+    await publish(peer, 3)
+    sink = ConfusedSink()
+    pipe = fast_pipeline(nak_delay=30, nak_delay_max=30)
+    pipe.source(source()).sink(sink, name="lake", batch=BatchPolicy(max_messages=3, max_age=30))
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        await wait_stats(lambda: run.stats.naks == 3, what="three naks")
+        assert run.stats.acks == 0
+        assert run.stats.batches_failed == 1
+        (error,) = [e.error for e in run.errors]
+        assert "rejected records not in the batch" in str(error)
 
 
 async def test_dead_letters_without_a_stream_go_to_core_subscribers(nats_server, peer):
