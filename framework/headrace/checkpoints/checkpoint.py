@@ -1,0 +1,290 @@
+"""A checkpoint: how far one subscription has processed one entity's stream (Beckett's model).
+
+Checkpoints are per group + subscription + entity stream (``orders.42``). The global stream
+consumer raises a checkpoint's ``version`` (the entity's last stream sequence); workers process
+it from ``position`` up to ``version`` in order and move ``position`` on. A checkpoint whose
+version is ahead of its position is *lagging*: there is work. A worker *reserves* it before
+processing (a reservation expires, so a killed worker's checkpoints are recovered); a handler
+error puts it into *retry* (retry.py says when), and after the last retry it is *failed* until
+an operator retries or skips the failing message.
+
+Values only, no I/O: the KV store (one key per checkpoint, compare-and-set on its revision) is
+the caller's. Every transition returns a new checkpoint.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from typing import Any
+
+import attrs
+
+from headrace.checkpoints.retry import GiveUp, Retry
+from headrace.errors import HeadraceError
+
+
+class CheckpointError(HeadraceError):
+    """Base of the checkpoint errors."""
+
+
+class InvalidCheckpoint(CheckpointError, ValueError):
+    """A stored checkpoint (or key) that cannot be read back; the message says what is wrong."""
+
+
+class AlreadyReserved(CheckpointError):
+    """Another worker holds an unexpired reservation on the checkpoint."""
+
+
+class Status(enum.StrEnum):
+    ACTIVE = "active"
+    RETRY = "retry"
+    FAILED = "failed"
+
+
+# KV key tokens allow [-/_=a-zA-Z0-9]; anything else in a part (the dots of an entity subject
+# included) is written as =XX per UTF-8 byte, so a key splits back into its three parts.
+_PLAIN = re.compile(r"[-_a-zA-Z0-9]")
+_ESCAPE = re.compile(r"=([0-9A-F]{2})")
+
+
+def _escape(part: str) -> str:
+    if not part:
+        raise ValueError("checkpoint id parts must not be empty")
+    return "".join(
+        ch if _PLAIN.fullmatch(ch) else "".join(f"={b:02X}" for b in ch.encode()) for ch in part
+    )
+
+
+def _unescape(token: str) -> str:
+    out = bytearray()
+    i = 0
+    while i < len(token):
+        ch = token[i]
+        if ch == "=":
+            escape = _ESCAPE.match(token, i)
+            if escape is None:
+                raise ValueError(f"bad escape at {i} in {token!r}")
+            out.append(int(escape.group(1), 16))
+            i += 3
+        elif _PLAIN.fullmatch(ch):
+            out += ch.encode()
+            i += 1
+        else:
+            raise ValueError(f"{ch!r} cannot stand in a checkpoint key token")
+    if not out:
+        raise ValueError("empty token")
+    return out.decode()
+
+
+@attrs.frozen(slots=True, order=True)
+class CheckpointId:
+    """Which checkpoint: a subscription ``group``, a ``subscription`` in it, and the entity
+    ``stream`` (the subject the entity's messages share)."""
+
+    group: str
+    subscription: str
+    stream: str
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("group", "subscription", "stream"):
+            if not getattr(self, name):
+                raise ValueError(f"checkpoint {name} must not be empty")
+
+    @property
+    def key(self) -> str:
+        """The KV key: ``<group>.<subscription>.<stream>``, each part escaped."""
+        return ".".join(_escape(p) for p in (self.group, self.subscription, self.stream))
+
+    @classmethod
+    def from_key(cls, key: str) -> CheckpointId:
+        parts = key.split(".")
+        if len(parts) != 3:
+            raise InvalidCheckpoint(f"a checkpoint key has three tokens, not {len(parts)}: {key!r}")
+        try:
+            group, subscription, stream = (_unescape(p) for p in parts)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidCheckpoint(f"checkpoint key {key!r}: {exc}") from exc
+        return cls(group, subscription, stream)
+
+    def __str__(self) -> str:
+        return f"{self.group}/{self.subscription}/{self.stream}"
+
+
+@attrs.frozen(slots=True)
+class Reservation:
+    """A worker's claim on a checkpoint until ``expires_at`` (seconds since the epoch)."""
+
+    owner: str
+    expires_at: float
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must not be negative, not {value}")
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Checkpoint:
+    id: CheckpointId
+    #: The entity's last stream sequence the global consumer has seen.
+    version: int = attrs.field(default=0, validator=_non_negative)
+    #: The last stream sequence processed (0: none).
+    position: int = attrs.field(default=0, validator=_non_negative)
+    status: Status = Status.ACTIVE
+    #: In retry: the number of the retry scheduled (1-based); 0 otherwise.
+    attempt: int = attrs.field(default=0, validator=_non_negative)
+    #: In retry: when the retry is due (seconds since the epoch).
+    retry_at: float | None = None
+    #: The last handler error, as text (type and message).
+    error: str | None = None
+    reservation: Reservation | None = None
+
+    # -- looking at it ----------------------------------------------------------------------
+
+    @property
+    def lagging(self) -> bool:
+        """Active with messages past its position: a worker should take it."""
+        return self.status is Status.ACTIVE and self.version > self.position
+
+    def retry_due(self, now: float) -> bool:
+        return self.status is Status.RETRY and self.retry_at is not None and self.retry_at <= now
+
+    def reserved(self, now: float) -> bool:
+        """Whether a reservation holds at ``now`` (an expired one does not)."""
+        return self.reservation is not None and self.reservation.expires_at > now
+
+    # -- transitions ------------------------------------------------------------------------
+
+    def seen(self, version: int) -> Checkpoint:
+        """The global consumer saw the entity's stream at ``version`` (never moves back)."""
+        return attrs.evolve(self, version=max(self.version, version))
+
+    def reserve(self, owner: str, now: float, timeout: float) -> Checkpoint:
+        """Claimed by ``owner`` until ``now + timeout``; :class:`AlreadyReserved` when another
+        owner's reservation still holds (the same owner renews)."""
+        if timeout <= 0:
+            raise ValueError(f"reservation timeout must be positive, not {timeout}")
+        current = self.reservation
+        if current is not None and current.owner != owner and current.expires_at > now:
+            raise AlreadyReserved(
+                f"checkpoint {self.id} is reserved by {current.owner!r} until {current.expires_at}"
+            )
+        return attrs.evolve(self, reservation=Reservation(owner, now + timeout))
+
+    def release(self) -> Checkpoint:
+        return attrs.evolve(self, reservation=None)
+
+    def advanced(self, position: int) -> Checkpoint:
+        """Processed up to ``position``: a success, so a checkpoint in retry (or failed and
+        retried by hand) is active again."""
+        if position < self.position:
+            raise ValueError(f"checkpoint {self.id} cannot move back from {self.position}")
+        return attrs.evolve(
+            self,
+            position=position,
+            status=Status.ACTIVE,
+            attempt=0,
+            retry_at=None,
+            error=None,
+        )
+
+    def failed(self, error: BaseException, decision: Retry | GiveUp, now: float) -> Checkpoint:
+        """The handler failed on the message after ``position``; ``decision`` is the retry
+        policy's for it. The reservation is dropped: the retry may run anywhere."""
+        text = f"{type(error).__name__}: {error}"
+        if isinstance(decision, Retry):
+            return attrs.evolve(
+                self,
+                status=Status.RETRY,
+                attempt=decision.attempt,
+                retry_at=now + decision.delay,
+                error=text,
+                reservation=None,
+            )
+        return attrs.evolve(
+            self, status=Status.FAILED, attempt=0, retry_at=None, error=text, reservation=None
+        )
+
+    @property
+    def failed_retries(self) -> int:
+        """Retries that have failed, for the retry policy's next decision."""
+        return self.attempt if self.status is Status.RETRY else 0
+
+    def retry_now(self, now: float) -> Checkpoint:
+        """An operator's retry: due at once, with a fresh retry budget."""
+        return attrs.evolve(self, status=Status.RETRY, attempt=1, retry_at=now, reservation=None)
+
+    def skip(self) -> Checkpoint:
+        """An operator's skip: the failing message (``position + 1``) counts as processed."""
+        if self.status is Status.ACTIVE:
+            raise CheckpointError(f"checkpoint {self.id} is active: there is nothing to skip")
+        return self.advanced(self.position + 1)
+
+    # -- stored form --------------------------------------------------------------------------
+
+    def to_json(self) -> bytes:
+        state: dict[str, Any] = {
+            "version": self.version,
+            "position": self.position,
+            "status": self.status.value,
+        }
+        if self.attempt:
+            state["attempt"] = self.attempt
+        if self.retry_at is not None:
+            state["retry_at"] = self.retry_at
+        if self.error is not None:
+            state["error"] = self.error
+        if self.reservation is not None:
+            state["reserved_by"] = self.reservation.owner
+            state["reserved_until"] = self.reservation.expires_at
+        return json.dumps(state, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, checkpoint_id: CheckpointId, data: bytes) -> Checkpoint:
+        where = f"checkpoint {checkpoint_id}"
+        try:
+            state = json.loads(data)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidCheckpoint(f"{where}: not JSON: {exc}") from exc
+        if not isinstance(state, dict):
+            raise InvalidCheckpoint(f"{where}: not a JSON object")
+        try:
+            reservation = None
+            if "reserved_by" in state:
+                reservation = Reservation(
+                    _text(state["reserved_by"]), _number(state["reserved_until"])
+                )
+            retry_at = state.get("retry_at")
+            error = state.get("error")
+            return cls(
+                id=checkpoint_id,
+                version=_int(state["version"]),
+                position=_int(state["position"]),
+                status=Status(state["status"]),
+                attempt=_int(state.get("attempt", 0)),
+                retry_at=None if retry_at is None else _number(retry_at),
+                error=None if error is None else _text(error),
+                reservation=reservation,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidCheckpoint(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {value!r}")
+    return value
