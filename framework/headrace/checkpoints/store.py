@@ -1,0 +1,92 @@
+"""Checkpoints kept in a JetStream KV bucket, one key per checkpoint, every change a
+compare-and-set on the key's revision.
+
+Several processes change the same checkpoint: the global stream consumer raises its version
+while a worker advances its position, two workers race for a reservation, an operator retries
+it. None of them may overwrite another's change, so each change reads the checkpoint, applies a
+pure transition (checkpoint.py) and writes it conditional on the revision it read; a
+:class:`~headrace.jetstream.kv.WrongRevision` means someone else wrote first, and the change is
+applied again to what they wrote. A transition may refuse (``AlreadyReserved``): that ends the
+attempt, since reading again would not change the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import attrs
+
+from headrace.checkpoints.checkpoint import Checkpoint, CheckpointError, CheckpointId
+from headrace.jetstream.kv import KeyNotFound, KeyValue, WrongRevision
+
+#: Compare-and-set attempts before a change gives up: a key this contended is a bug.
+MAX_ATTEMPTS = 50
+
+
+class CheckpointContention(CheckpointError):
+    """A change lost the compare-and-set race ``MAX_ATTEMPTS`` times in a row."""
+
+
+@attrs.frozen(slots=True)
+class Stored:
+    """A checkpoint as read, with the KV revision a conditional write must name."""
+
+    checkpoint: Checkpoint
+    revision: int
+
+
+class CheckpointStore:
+    """Reads and changes checkpoints in ``kv`` (see the module docs)."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def get(self, checkpoint_id: CheckpointId) -> Stored | None:
+        """The checkpoint and its revision, or None when it does not exist."""
+        try:
+            entry = await self.kv.get(checkpoint_id.key)
+        except KeyNotFound:
+            return None
+        return Stored(Checkpoint.from_json(checkpoint_id, entry.value), entry.revision)
+
+    async def change(
+        self,
+        checkpoint_id: CheckpointId,
+        transition: Callable[[Checkpoint], Checkpoint],
+        *,
+        create: bool = False,
+    ) -> Stored:
+        """Apply ``transition`` to the stored checkpoint and write the result, retrying on a
+        lost race. ``create``: a missing checkpoint starts empty (else ``KeyNotFound``). An
+        unchanged result is not written."""
+        for _ in range(MAX_ATTEMPTS):
+            stored = await self.get(checkpoint_id)
+            if stored is None:
+                if not create:
+                    raise KeyNotFound(self.kv.bucket, checkpoint_id.key, why="no such checkpoint")
+                new = transition(Checkpoint(id=checkpoint_id))
+                try:
+                    revision = await self.kv.create(checkpoint_id.key, new.to_json())
+                except WrongRevision:
+                    continue  # created meanwhile: apply the change to that one
+                return Stored(new, revision)
+            new = transition(stored.checkpoint)
+            if new == stored.checkpoint:
+                return stored
+            try:
+                revision = await self.kv.update(checkpoint_id.key, new.to_json(), stored.revision)
+            except WrongRevision:
+                continue
+            return Stored(new, revision)
+        raise CheckpointContention(
+            f"checkpoint {checkpoint_id}: {MAX_ATTEMPTS} compare-and-set attempts lost in a row"
+        )
+
+    async def all(self, group: str | None = None) -> AsyncIterator[Stored]:
+        """Every checkpoint (of ``group``), each as read at one moment; a checkpoint deleted
+        meanwhile is left out."""
+        pattern = f"{CheckpointId(group, '-', '-').key.split('.')[0]}.>" if group else ">"
+        for key in await self.kv.keys(pattern):
+            stored = await self.get(CheckpointId.from_key(key))
+            if stored is not None:
+                yield stored
