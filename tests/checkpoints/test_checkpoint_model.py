@@ -97,9 +97,12 @@ def test_skip_moves_past_the_failing_message() -> None:
     cp = Checkpoint(id=CID, version=4, position=1)
     with pytest.raises(CheckpointError, match="active"):
         cp.skip()
-    failed = cp.failed(ValueError("bad payload"), GiveUp(0), now=0)
+    with pytest.raises(CheckpointError, match="which message"):
+        cp.failed(ValueError("bad payload"), GiveUp(0), now=0).skip()
+    failed = cp.failed(ValueError("bad payload"), GiveUp(0), now=0, seq=3)
+    assert failed.failing_seq == 3
     skipped = failed.skip()
-    assert (skipped.position, skipped.status) == (2, Status.ACTIVE)
+    assert (skipped.position, skipped.status, skipped.failing_seq) == (3, Status.ACTIVE, None)
     with pytest.raises(ValueError):
         skipped.advanced(1)
 
@@ -113,6 +116,7 @@ checkpoints = st.builds(
     attempt=st.integers(0, 50),
     retry_at=st.none() | st.floats(0, 2e9),
     error=st.none() | st.text(max_size=50),
+    failing_seq=st.none() | st.integers(0, 10**12),
     reservation=st.none()
     | st.builds(
         lambda o, t: Checkpoint(id=CID).reserve(o, 0, t).reservation,

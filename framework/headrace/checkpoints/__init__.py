@@ -4,9 +4,10 @@ per-entity order with failure isolation on a JetStream stream, state in a KV buc
 So far: :mod:`.checkpoint` (a checkpoint and its transitions, its KV key and stored form),
 :mod:`.retry` (backoff with jitter, per-exception budgets), :mod:`.store` (checkpoints in a KV
 bucket, every change a compare-and-set), :mod:`.subscription` (subscriptions and groups: which
-messages make work for which entity stream) and :mod:`.global_consumer` (reads the stream per
-group and raises checkpoint versions). The workers, reservation recovery, operator commands,
-benchmark and docs are still to come (issue 6; see NOTES.md).
+messages make work for which entity stream), :mod:`.global_consumer` (reads the stream per
+group and raises checkpoint versions) and :mod:`.worker` (reserves lagging or due checkpoints
+and dispatches each entity's messages in order; expired reservations are taken over).
+Operator commands, the benchmark, docs and an example are still to come (issue 6; NOTES.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from headrace.checkpoints.global_consumer import GlobalConsumer
 from headrace.checkpoints.retry import GiveUp, Retry, RetryPolicy
 from headrace.checkpoints.store import CheckpointContention, CheckpointStore, Stored
 from headrace.checkpoints.subscription import Subscription, SubscriptionGroup
+from headrace.checkpoints.worker import CheckpointWorkers
 
 __all__ = [
     "AlreadyReserved",
@@ -32,6 +34,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointId",
     "CheckpointStore",
+    "CheckpointWorkers",
     "GiveUp",
     "GlobalConsumer",
     "InvalidCheckpoint",

@@ -139,6 +139,8 @@ class Checkpoint:
     retry_at: float | None = None
     #: The last handler error, as text (type and message).
     error: str | None = None
+    #: In retry or failed: the stream sequence of the message that failed.
+    failing_seq: int | None = None
     reservation: Reservation | None = None
 
     # -- looking at it ----------------------------------------------------------------------
@@ -188,11 +190,15 @@ class Checkpoint:
             attempt=0,
             retry_at=None,
             error=None,
+            failing_seq=None,
         )
 
-    def failed(self, error: BaseException, decision: Retry | GiveUp, now: float) -> Checkpoint:
-        """The handler failed on the message after ``position``; ``decision`` is the retry
-        policy's for it. The reservation is dropped: the retry may run anywhere."""
+    def failed(
+        self, error: BaseException, decision: Retry | GiveUp, now: float, seq: int | None = None
+    ) -> Checkpoint:
+        """The handler failed on message ``seq`` (the entity's next after ``position``);
+        ``decision`` is the retry policy's for it. The reservation is dropped: the retry may
+        run anywhere."""
         text = f"{type(error).__name__}: {error}"
         if isinstance(decision, Retry):
             return attrs.evolve(
@@ -201,10 +207,17 @@ class Checkpoint:
                 attempt=decision.attempt,
                 retry_at=now + decision.delay,
                 error=text,
+                failing_seq=seq,
                 reservation=None,
             )
         return attrs.evolve(
-            self, status=Status.FAILED, attempt=0, retry_at=None, error=text, reservation=None
+            self,
+            status=Status.FAILED,
+            attempt=0,
+            retry_at=None,
+            error=text,
+            failing_seq=seq,
+            reservation=None,
         )
 
     @property
@@ -217,10 +230,12 @@ class Checkpoint:
         return attrs.evolve(self, status=Status.RETRY, attempt=1, retry_at=now, reservation=None)
 
     def skip(self) -> Checkpoint:
-        """An operator's skip: the failing message (``position + 1``) counts as processed."""
+        """An operator's skip: the failing message counts as processed."""
         if self.status is Status.ACTIVE:
             raise CheckpointError(f"checkpoint {self.id} is active: there is nothing to skip")
-        return self.advanced(self.position + 1)
+        if self.failing_seq is None:
+            raise CheckpointError(f"checkpoint {self.id} does not say which message failed")
+        return self.advanced(max(self.position, self.failing_seq))
 
     # -- stored form --------------------------------------------------------------------------
 
@@ -236,6 +251,8 @@ class Checkpoint:
             state["retry_at"] = self.retry_at
         if self.error is not None:
             state["error"] = self.error
+        if self.failing_seq is not None:
+            state["failing_seq"] = self.failing_seq
         if self.reservation is not None:
             state["reserved_by"] = self.reservation.owner
             state["reserved_until"] = self.reservation.expires_at
@@ -258,6 +275,7 @@ class Checkpoint:
                 )
             retry_at = state.get("retry_at")
             error = state.get("error")
+            failing = state.get("failing_seq")
             return cls(
                 id=checkpoint_id,
                 version=_int(state["version"]),
@@ -266,6 +284,7 @@ class Checkpoint:
                 attempt=_int(state.get("attempt", 0)),
                 retry_at=None if retry_at is None else _number(retry_at),
                 error=None if error is None else _text(error),
+                failing_seq=None if failing is None else _int(failing),
                 reservation=reservation,
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -3,8 +3,9 @@
 A subscription matches messages by subject (NATS wildcards: ``orders.*.>``) and/or by message
 type (the value of a header, ``Headrace-Type`` by default); for a matching message it names the
 *entity stream*: the first ``entity_tokens`` tokens of the subject (``orders.42`` of
-``orders.42.created``), whose messages it handles in order. A group is a named set of
-subscriptions that one host (or several sharing the work) runs.
+``orders.42.created``), whose messages it handles in order. A subject needs at least one
+token past the entity's (workers read an entity's messages back as ``<entity>.>``). A group is
+a named set of subscriptions that one host (or several sharing the work) runs.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ class Subscription:
         if self.subjects and not any(subject_matches(p, subject) for p in self.subjects):
             return None
         tokens = subject.split(".")
-        if len(tokens) < self.entity_tokens:
-            return None
+        if len(tokens) <= self.entity_tokens:
+            return None  # an entity's messages are <entity>.<more>: read back as <entity>.>
         return ".".join(tokens[: self.entity_tokens])
 
 

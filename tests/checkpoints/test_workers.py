@@ -1,0 +1,125 @@
+"""Checkpoint workers on a real nats-server: per-entity order under concurrency, a poison
+entity that never blocks the others, retry then failed, and an operator's skip."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import trio
+from headrace.checkpoints import (
+    CheckpointId,
+    CheckpointStore,
+    GlobalConsumer,
+    RetryPolicy,
+    Status,
+    Subscription,
+    SubscriptionGroup,
+)
+from headrace.checkpoints.worker import CheckpointWorkers
+from headrace.jetstream import JetStream
+from headrace.jetstream.kv import KeyValueConfig, create_key_value
+from headrace.nats import connect
+
+ENTITIES = 5
+EVENTS = 6
+
+
+async def load(natspy: Any, url: str) -> int:
+    """ENTITIES x EVENTS events, interleaved across entities; returns how many."""
+    await natspy.connect(url)
+    js = natspy.nc.jetstream()
+    await natspy.call(js.add_stream, name="EVENTS", subjects=["orders.>"], allow_direct=True)
+    for e in range(EVENTS):
+        for n in range(1, ENTITIES + 1):
+            await natspy.call(js.publish, f"orders.{n}.e{e}", b"%d" % e)
+    return ENTITIES * EVENTS
+
+
+async def until(predicate: Any, timeout: float = 20) -> None:
+    # The handlers' own counters have no event to wait on across hosts; polled under a bound.
+    with trio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
+async def test_each_entity_in_order_all_entities_at_once(nats_server: Any, natspy: Any) -> None:
+    total = await load(natspy, nats_server.url)
+    seen: dict[str, list[int]] = defaultdict(list)
+    running = 0
+    most = 0
+
+    async def handle(msg: Any) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await trio.sleep(0.005)  # a handler that takes a moment: lets entities overlap
+        seen[msg.subject.rsplit(".", 1)[0]].append(msg.seq)
+        running -= 1
+
+    group = SubscriptionGroup(
+        name="billing",
+        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
+    )
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
+        workers = CheckpointWorkers(js, "EVENTS", group, store, concurrency=4, poll_interval=0.05)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(GlobalConsumer(js, "EVENTS", group, store, max_wait=0.1).run)
+            await nursery.start(workers.run)
+            await until(lambda: sum(len(v) for v in seen.values()) >= total)
+            nursery.cancel_scope.cancel()
+        checkpoints = [s.checkpoint async for s in store.all("billing")]
+    assert sorted(seen) == [f"orders.{n}" for n in range(1, ENTITIES + 1)]
+    for seqs in seen.values():
+        assert len(seqs) == EVENTS and seqs == sorted(seqs)  # in order, each once
+    assert most > 1  # entities were processed at the same time
+    assert all(cp.position == cp.version and not cp.lagging for cp in checkpoints)
+    assert all(cp.reservation is None for cp in checkpoints)
+
+
+async def test_a_poison_entity_retries_fails_and_blocks_nobody(
+    nats_server: Any, natspy: Any
+) -> None:
+    total = await load(natspy, nats_server.url)
+    handled: list[str] = []
+    attempts: list[int] = []
+
+    async def handle(msg: Any) -> None:
+        if msg.subject == "orders.2.e1":
+            attempts.append(msg.seq)
+            raise ValueError("cannot bill this one")
+        handled.append(msg.subject)
+
+    group = SubscriptionGroup(
+        name="billing",
+        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
+    )
+    fast = RetryPolicy(max_retries=2, initial_delay=0.05, max_delay=0.1, jitter=False)
+    poison = CheckpointId("billing", "ledger", "orders.2")
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
+        workers = CheckpointWorkers(js, "EVENTS", group, store, retry=fast, poll_interval=0.05)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(GlobalConsumer(js, "EVENTS", group, store, max_wait=0.1).run)
+            await nursery.start(workers.run)
+            # everyone else is done; orders.2 stopped at its second event
+            await until(lambda: len(handled) >= total - (EVENTS - 1) and len(attempts) >= 3)
+            stuck = await store.get(poison)
+            assert stuck is not None
+            assert stuck.checkpoint.status is Status.FAILED
+            assert stuck.checkpoint.error == "ValueError: cannot bill this one"
+            assert len(attempts) == 3  # the first try and two retries, then failed
+            assert [s for s in handled if s.startswith("orders.2.")] == ["orders.2.e0"]
+            # an operator skips the poison message: the rest of orders.2 is processed
+            await store.change(poison, lambda cp: cp.skip())
+            await until(lambda: len(handled) >= total - 1)
+            nursery.cancel_scope.cancel()
+        final = await store.get(poison)
+    assert final is not None and final.checkpoint.status is Status.ACTIVE
+    assert final.checkpoint.position == final.checkpoint.version
+    assert [s for s in handled if s.startswith("orders.2.")] == [
+        f"orders.2.e{e}" for e in range(EVENTS) if e != 1
+    ]
