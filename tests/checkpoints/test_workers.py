@@ -3,6 +3,7 @@ entity that never blocks the others, retry then failed, and an operator's skip."
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -123,3 +124,89 @@ async def test_a_poison_entity_retries_fails_and_blocks_nobody(
     assert [s for s in handled if s.startswith("orders.2.")] == [
         f"orders.2.e{e}" for e in range(EVENTS) if e != 1
     ]
+
+
+async def test_two_hosts_share_a_group_and_never_process_a_checkpoint_together(
+    nats_server: Any, natspy: Any
+) -> None:
+    total = await load(natspy, nats_server.url)
+    seen: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    inside: set[str] = set()
+    overlaps: list[str] = []
+
+    def handler_for(host: str) -> Any:
+        async def handle(msg: Any) -> None:
+            entity = msg.subject.rsplit(".", 1)[0]
+            if entity in inside:
+                overlaps.append(entity)  # two hosts inside one entity at once
+            inside.add(entity)
+            await trio.sleep(0.005)
+            seen[entity].append((msg.seq, host))
+            inside.discard(entity)
+
+        return handle
+
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
+        hosts = []
+        for host in ("a", "b"):
+            group = SubscriptionGroup(
+                name="billing",
+                subscriptions=[
+                    Subscription(name="ledger", subjects=["orders.>"], handler=handler_for(host))
+                ],
+            )
+            hosts.append(
+                CheckpointWorkers(js, "EVENTS", group, store, owner=host, poll_interval=0.02)
+            )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                GlobalConsumer(js, "EVENTS", hosts[0].group, store, max_wait=0.1).run
+            )
+            for workers in hosts:
+                await nursery.start(workers.run)
+            await until(lambda: sum(len(v) for v in seen.values()) >= total)
+            nursery.cancel_scope.cancel()
+    assert overlaps == []
+    for entries in seen.values():
+        seqs = [seq for seq, _ in entries]
+        assert len(seqs) == EVENTS and seqs == sorted(seqs)  # each once, in order
+    assert {host for entries in seen.values() for _, host in entries} <= {"a", "b"}
+
+
+async def test_a_dead_hosts_reservations_expire_and_are_taken_over(
+    nats_server: Any, natspy: Any
+) -> None:
+    total = await load(natspy, nats_server.url)
+    handled: list[int] = []
+
+    async def handle(msg: Any) -> None:
+        handled.append(msg.seq)
+
+    group = SubscriptionGroup(
+        name="billing",
+        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
+    )
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
+        consumer = GlobalConsumer(js, "EVENTS", group, store, max_wait=0.1)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            await until(lambda: consumer.messages >= total)
+            nursery.cancel_scope.cancel()
+        # A host that was killed holding every checkpoint, its reservations running 1 s more.
+        dead_until = time.time() + 1.0
+        ids = [s.checkpoint.id async for s in store.all("billing")]
+        for cid in ids:
+            await store.change(cid, lambda cp: cp.reserve("dead-host", dead_until - 300, 300))
+        workers = CheckpointWorkers(js, "EVENTS", group, store, owner="alive", poll_interval=0.05)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(workers.run)
+            await trio.sleep(0.3)  # the test's subject is a wait: nothing may happen before expiry
+            assert handled == []
+            await until(lambda: len(handled) >= total)
+            nursery.cancel_scope.cancel()
+    assert time.time() >= dead_until
+    assert sorted(handled) == sorted(set(handled)) and len(handled) == total
