@@ -12,6 +12,7 @@ Operator commands, the benchmark, docs and an example are still to come (issue 6
 
 from __future__ import annotations
 
+from headrace.checkpoints import operators
 from headrace.checkpoints.checkpoint import (
     AlreadyReserved,
     Checkpoint,
@@ -45,4 +46,5 @@ __all__ = [
     "Stored",
     "Subscription",
     "SubscriptionGroup",
+    "operators",
 ]

@@ -159,8 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(func=_bench)
 
-    from headrace.cli import demo, graph, run
+    from headrace.cli import checkpoints, demo, graph, run
 
+    checkpoints.add_parser(commands)
     demo.add_parser(commands)
     run.add_parser(commands)
     graph.add_parser(commands)

@@ -1,0 +1,127 @@
+"""Operators' views and actions on checkpoints, from Python and from `headrace checkpoints`,
+against a real KV bucket."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from headrace.checkpoints import (
+    CheckpointError,
+    CheckpointId,
+    CheckpointStore,
+    GiveUp,
+    Retry,
+    Status,
+    operators,
+)
+from headrace.jetstream import JetStream
+from headrace.jetstream.kv import KeyValueConfig, create_key_value
+from headrace.nats import connect
+
+HEADRACE = str(Path(sys.executable).parent / "headrace")
+FAILED = CheckpointId("billing", "ledger", "orders.2")
+LAGGING = CheckpointId("billing", "ledger", "orders.3")
+RESERVED = CheckpointId("billing", "ledger", "orders.4")
+OTHER = CheckpointId("shipping", "labels", "orders.2")
+
+
+async def seed(store: CheckpointStore) -> None:
+    boom = ValueError("cannot bill")
+    await store.change(
+        FAILED, lambda cp: cp.seen(9).advanced(4).failed(boom, GiveUp(10), 0, 7), create=True
+    )
+    await store.change(LAGGING, lambda cp: cp.seen(8), create=True)
+    await store.change(RESERVED, lambda cp: cp.seen(6).reserve("host-a", 1000, 300), create=True)
+    await store.change(OTHER, lambda cp: cp.seen(2).advanced(2), create=True)
+
+
+@pytest.fixture
+async def store(nats_server: Any) -> Any:
+    async with connect(nats_server.url) as nc:
+        kv = await create_key_value(JetStream(nc), KeyValueConfig(bucket="checkpoints"))
+        s = CheckpointStore(kv)
+        await seed(s)
+        yield s
+
+
+async def test_views(store: CheckpointStore) -> None:
+    def ids(cps: list[Any]) -> list[CheckpointId]:
+        return [cp.id for cp in cps]
+
+    assert ids(await operators.view(store, "list")) == sorted([FAILED, LAGGING, RESERVED, OTHER])
+    assert ids(await operators.view(store, "list", "shipping")) == [OTHER]
+    assert ids(await operators.view(store, "lagging")) == [LAGGING, RESERVED]
+    assert ids(await operators.view(store, "failed")) == [FAILED]
+    assert ids(await operators.view(store, "reservations", clock=lambda: 1100)) == [RESERVED]
+    assert ids(await operators.view(store, "reservations", clock=lambda: 1300)) == []
+    with pytest.raises(ValueError, match="no view"):
+        await operators.view(store, "stuck")
+
+
+async def test_actions(store: CheckpointStore) -> None:
+    retried = await operators.retry(store, FAILED, clock=lambda: 5000)
+    assert (retried.status, retried.retry_at, retried.attempt) == (Status.RETRY, 5000, 1)
+    skipped = await operators.skip(store, FAILED)
+    assert (skipped.status, skipped.position) == (Status.ACTIVE, 7)
+    released = await operators.release(store, RESERVED)
+    assert released.reservation is None
+    with pytest.raises(CheckpointError, match="nothing to retry"):
+        await operators.retry(store, LAGGING)
+    with pytest.raises(CheckpointError, match="nothing to skip"):
+        await operators.skip(store, LAGGING)
+
+
+async def cli(*args: str) -> tuple[int, str, str]:
+    with trio.fail_after(30):
+        done = await trio.run_process(
+            [HEADRACE, "checkpoints", *args], capture_stdout=True, capture_stderr=True, check=False
+        )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+async def test_command_line(store: CheckpointStore, nats_server: Any) -> None:
+    url = ("--nats", nats_server.url)
+    code, out, err = await cli("failed", *url)
+    assert code == 0, err
+    (line,) = out.splitlines()
+    assert line.startswith("billing/ledger/orders.2  failed  4/9")
+    assert "failing #7" in line and "error: ValueError: cannot bill" in line
+    code, out, _ = await cli("lagging", "--json", *url)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["id"] for r in rows] == ["billing/ledger/orders.3", "billing/ledger/orders.4"]
+    assert rows[0]["version"] == 8
+    code, out, err = await cli("skip", "billing/ledger/orders.2", *url)
+    assert code == 0, err
+    assert "active  7/9" in out
+    stored = await store.get(FAILED)
+    assert stored is not None and stored.checkpoint.position == 7
+    # the KV key works as an ID too
+    code, out, err = await cli("release", RESERVED.key, *url)
+    assert code == 0 and "reserved by" not in out, err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["retry", "billing/ledger/orders.3"], "nothing to retry"),
+        (["skip", "billing/ledger/nope"], "no such checkpoint"),
+        (["retry"], "retry needs an ID"),
+        (["failed", "billing/ledger/orders.2"], "failed takes no ID"),
+        (["list", "--bucket", "missing"], "missing"),
+    ],
+)
+async def test_command_line_errors(
+    store: CheckpointStore, nats_server: Any, args: list[str], message: str
+) -> None:
+    code, _, err = await cli(*args, "--nats", nats_server.url)
+    assert code == 2
+    assert message in err and "Traceback" not in err, err
+
+
+def test_retry_decisions_are_values() -> None:
+    assert Retry(1, 2.0) == Retry(1, 2.0) and GiveUp(3) != GiveUp(4)
