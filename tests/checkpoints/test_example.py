@@ -1,0 +1,27 @@
+"""examples/checkpointed_orders.py runs as documented: order 3 parked, the others billed, then
+order 3 resumed after the skip."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import trio
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "checkpointed_orders.py"
+
+
+async def test_the_example_runs() -> None:
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, str(EXAMPLE)], capture_stdout=True, capture_stderr=True, check=False
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    billed = [line.split()[-1] for line in out.splitlines() if line.startswith("  billed ")]
+    assert "orders.3.paid" not in billed
+    assert billed[-1] == "orders.3.shipped"  # after the skip
+    for order in (1, 2, 4, 5):
+        mine = [s for s in billed if s.startswith(f"orders.{order}.")]
+        assert mine == [f"orders.{order}.{e}" for e in ("created", "paid", "shipped")]
+    assert "billing/ledger/orders.3  failed" in out and "card declined" in out
