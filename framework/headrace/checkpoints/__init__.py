@@ -7,7 +7,8 @@ bucket, every change a compare-and-set), :mod:`.subscription` (subscriptions and
 messages make work for which entity stream), :mod:`.global_consumer` (reads the stream per
 group and raises checkpoint versions) and :mod:`.worker` (reserves lagging or due checkpoints
 and dispatches each entity's messages in order; expired reservations are taken over).
-Operator commands, the benchmark, docs and an example are still to come (issue 6; NOTES.md).
+:mod:`.operators` has the views and actions behind ``headrace checkpoints``. docs/checkpoints.md
+describes the model; NOTES.md what is left.
 """
 
 from __future__ import annotations

@@ -38,13 +38,23 @@ def _names(_inst: object, attribute: attrs.Attribute[Any], value: str) -> None:
         raise ValueError(f"{attribute.name} must be a non-empty name without '/', not {value!r}")
 
 
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)  # subjects="orders.>": one pattern, not its letters
+    return tuple(value)
+
+
+def _string_set(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(_strings(value))
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class Subscription:
     name: str = attrs.field(validator=_names)
     #: Subject patterns; a message matches if its subject matches one (none: any subject).
-    subjects: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    subjects: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     #: Message types; a message matches if its type header holds one (none: any type).
-    types: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    types: frozenset[str] = attrs.field(default=frozenset(), converter=_string_set)
     #: Leading subject tokens that name the entity stream.
     entity_tokens: int = 2
     handler: Handler | None = attrs.field(default=None, eq=False, repr=False)
@@ -68,10 +78,14 @@ class Subscription:
         return ".".join(tokens[: self.entity_tokens])
 
 
+def _subscriptions(value: Iterable[Subscription]) -> tuple[Subscription, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class SubscriptionGroup:
     name: str = attrs.field(validator=_names)
-    subscriptions: tuple[Subscription, ...] = attrs.field(converter=tuple)
+    subscriptions: tuple[Subscription, ...] = attrs.field(converter=_subscriptions)
     #: The header that carries a message's type.
     type_header: str = DEFAULT_TYPE_HEADER
 

@@ -1,0 +1,210 @@
+"""``headrace bench checkpoints``: events per second through checkpointed subscriptions with
+many entities, against what a user would do without them.
+
+Setup: one private nats-server; stream ``EVENTS`` (``orders.>``, direct get allowed) loaded
+with N events spread round-robin over E entities (``orders.<entity>.e<k>``). The handler stands
+for real work that waits on I/O: it sleeps ``--handler-ms`` (1 ms by default).
+
+- ``headrace-checkpoints``: ``GlobalConsumer`` + ``CheckpointWorkers`` (default concurrency)
+  on a fresh KV bucket; each entity's events in order, entities in parallel; done when every
+  event was handled (the handler counts) and every checkpoint's position reached its version.
+- ``nats-py-serial``: the order-preserving loop without checkpoints: one pull consumer,
+  ``fetch(100)``, each message handled then acked, one at a time (parallel handling would lose
+  the per-entity order).
+
+Each runs in its own process (peak RSS its own); the clock runs from the first read to the
+last event handled. Printed: events/s, seconds, peak RSS, and headrace's ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import trio
+
+from headrace.benchmarks.consume import (
+    BenchmarkError,
+    _failure,
+    _last_json,
+    _peak_rss_mb,
+    _run_child,
+)
+from headrace.localserver import LocalServer
+
+IMPLS = ("headrace-checkpoints", "nats-py-serial")
+STREAM = "EVENTS"
+ENTITIES = 200
+HANDLER_MS = 1.0
+_ME = [sys.executable, "-m", "headrace.benchmarks.checkpoints"]
+
+
+async def _load(url: str, n: int, entities: int) -> None:
+    from headrace.jetstream import JetStream, StreamConfig
+    from headrace.nats import connect
+
+    async with connect(url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["orders.>"], allow_direct=True))
+        inbox = nc.new_inbox()
+        acks = await nc.subscribe(inbox)
+        answered = 0
+        for i in range(n):
+            await nc.publish(f"orders.{i % entities}.e{i // entities}", b"{}", reply=inbox)
+            while i + 1 - answered > 1000:
+                with trio.fail_after(30):
+                    answered += len(await acks.next_batch())
+        while answered < n:
+            with trio.fail_after(30):
+                answered += len(await acks.next_batch())
+
+
+async def _run_headrace(url: str, n: int, handler_ms: float) -> dict[str, Any]:
+    from headrace.checkpoints import (
+        CheckpointStore,
+        CheckpointWorkers,
+        GlobalConsumer,
+        Subscription,
+        SubscriptionGroup,
+    )
+    from headrace.jetstream import JetStream
+    from headrace.jetstream.kv import KeyValueConfig, create_key_value
+    from headrace.nats import connect
+
+    handled = 0
+    done = trio.Event()
+    pause = handler_ms / 1000
+
+    async def handle(msg: Any) -> None:
+        nonlocal handled
+        await trio.sleep(pause)
+        handled += 1
+        if handled >= n:
+            done.set()
+
+    group = SubscriptionGroup(
+        name="bench",
+        subscriptions=[Subscription(name="all", subjects=["orders.>"], handler=handle)],
+    )
+    async with connect(url) as nc:
+        js = JetStream(nc)
+        store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="bench")))
+        workers = CheckpointWorkers(js, STREAM, group, store, poll_interval=0.05)
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(GlobalConsumer(js, STREAM, group, store, max_wait=0.05).run)
+            await nursery.start(workers.run)
+            with trio.move_on_after(600):
+                await done.wait()
+                # The last handlers have returned; their positions are being written.
+                while await _behind(store):  # noqa: ASYNC110 - KV state, no event to wait on
+                    await trio.sleep(0.01)
+            elapsed = time.perf_counter() - started
+            nursery.cancel_scope.cancel()
+        behind = await _behind(store)
+    problems = [] if handled == n else [f"handled {handled} events, not {n}"]
+    if behind:
+        problems.append(f"{len(behind)} checkpoints not at their version")
+    return _result("headrace-checkpoints", n, elapsed, problems, concurrency=workers.concurrency)
+
+
+async def _behind(store: Any) -> list[Any]:
+    return [s async for s in store.all("bench") if s.checkpoint.position < s.checkpoint.version]
+
+
+async def _run_natspy(url: str, n: int, handler_ms: float) -> dict[str, Any]:
+    import nats  # type: ignore[import-not-found,unused-ignore]
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    sub = await js.pull_subscribe("orders.>", durable="serial", stream=STREAM)
+    handled = 0
+    started = time.perf_counter()
+    while handled < n:
+        try:
+            batch = await sub.fetch(100, timeout=5)
+        except TimeoutError:
+            break
+        for msg in batch:
+            await asyncio.sleep(handler_ms / 1000)
+            handled += 1
+            await msg.ack()
+    elapsed = time.perf_counter() - started
+    await nc.close()
+    problems = [] if handled == n else [f"handled {handled} events, not {n}"]
+    return _result("nats-py-serial", n, elapsed, problems)
+
+
+def _result(impl: str, n: int, elapsed: float, problems: list[str], **extra: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {"bench": "checkpoints", "impl": impl, "msgs": n, **extra}
+    if problems:
+        result["error"] = "; ".join(problems)
+    else:
+        result["seconds"] = round(elapsed, 3)
+        result["msg_per_s"] = round(n / elapsed) if elapsed > 0 else 0
+    result["peak_rss_mb"] = _peak_rss_mb()
+    return result
+
+
+def run(
+    messages: int, *, entities: int = ENTITIES, handler_ms: float = HANDLER_MS, as_json: bool
+) -> list[dict[str, Any]]:
+    if messages < 1 or entities < 1 or handler_ms < 0:
+        raise BenchmarkError("--messages and --entities must be at least 1, --handler-ms >= 0")
+    results: list[dict[str, Any]] = []
+    with LocalServer(jetstream=True) as server:
+        trio.run(_load, server.url, messages, entities)
+        for impl in IMPLS:
+            cmd = [*_ME, "child", "--impl", impl, "--url", server.url, "--messages", str(messages)]
+            child = _run_child([*cmd, "--handler-ms", str(handler_ms)])
+            result = _last_json(child)
+            if child.returncode != 0 or result is None:
+                result = {"bench": "checkpoints", "impl": impl, "msgs": 0, "error": _failure(child)}
+            elif child.peak_rss_mb is not None:
+                result["peak_rss_mb"] = max(result.get("peak_rss_mb") or 0, child.peak_rss_mb)
+            result.update(entities=entities, handler_ms=handler_ms)
+            results.append(result)
+    ours, peer = results
+    if ours.get("msg_per_s") and peer.get("msg_per_s"):
+        ours["ratio_vs_nats-py-serial"] = round(ours["msg_per_s"] / peer["msg_per_s"], 2)
+    for r in results:
+        if as_json:
+            print(json.dumps(r), flush=True)
+        elif "error" in r:
+            print(f"{r['impl']:>21}: FAILED: {r['error']}")
+        else:
+            ratio = r.get("ratio_vs_nats-py-serial")
+            print(
+                f"{r['impl']:>21}: {r['msg_per_s']:>8,} events/s  {r['msgs']:,} events over "
+                f"{entities} entities, handler {handler_ms} ms  peak RSS {r.get('peak_rss_mb')} MB"
+                + (f"  vs serial {ratio}x" if ratio else "")
+            )
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m headrace.benchmarks.checkpoints")
+    parser.add_argument("role", nargs="?", choices=["child"])
+    parser.add_argument("--impl", choices=IMPLS, default=IMPLS[0])
+    parser.add_argument("--url")
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--entities", type=int, default=ENTITIES)
+    parser.add_argument("--handler-ms", type=float, default=HANDLER_MS)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.role == "child":
+        if args.impl == "headrace-checkpoints":
+            result = trio.run(_run_headrace, args.url, args.messages, args.handler_ms)
+        else:
+            result = asyncio.run(_run_natspy(args.url, args.messages, args.handler_ms))
+        print(json.dumps(result), flush=True)
+    else:
+        run(args.messages, entities=args.entities, handler_ms=args.handler_ms, as_json=args.json)
+
+
+if __name__ == "__main__":
+    main()
