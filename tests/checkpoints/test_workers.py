@@ -3,8 +3,11 @@ entity that never blocks the others, retry then failed, and an operator's skip."
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -16,10 +19,11 @@ from headrace.checkpoints import (
     Status,
     Subscription,
     SubscriptionGroup,
+    operators,
 )
 from headrace.checkpoints.worker import CheckpointWorkers
 from headrace.jetstream import JetStream
-from headrace.jetstream.kv import KeyValueConfig, create_key_value
+from headrace.jetstream.kv import KeyValueConfig, create_key_value, key_value
 from headrace.nats import connect
 
 ENTITIES = 5
@@ -41,6 +45,21 @@ async def until(predicate: Any, timeout: float = 20) -> None:
     # The handlers' own counters have no event to wait on across hosts; polled under a bound.
     with trio.fail_after(timeout):
         while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
+async def settled(store: CheckpointStore, group: str = "billing") -> None:
+    """Every checkpoint at its version and released: the last handlers' positions written."""
+
+    async def unsettled() -> list[Any]:
+        return [
+            s
+            async for s in store.all(group)
+            if s.checkpoint.position < s.checkpoint.version or s.checkpoint.reservation
+        ]
+
+    with trio.fail_after(20):
+        while await unsettled():  # noqa: ASYNC110 - KV state has no event here
             await trio.sleep(0.02)
 
 
@@ -70,6 +89,7 @@ async def test_each_entity_in_order_all_entities_at_once(nats_server: Any, natsp
             await nursery.start(GlobalConsumer(js, "EVENTS", group, store, max_wait=0.1).run)
             await nursery.start(workers.run)
             await until(lambda: sum(len(v) for v in seen.values()) >= total)
+            await settled(store)
             nursery.cancel_scope.cancel()
         checkpoints = [s.checkpoint async for s in store.all("billing")]
     assert sorted(seen) == [f"orders.{n}" for n in range(1, ENTITIES + 1)]
@@ -108,15 +128,18 @@ async def test_a_poison_entity_retries_fails_and_blocks_nobody(
             await nursery.start(workers.run)
             # everyone else is done; orders.2 stopped at its second event
             await until(lambda: len(handled) >= total - (EVENTS - 1) and len(attempts) >= 3)
-            stuck = await store.get(poison)
-            assert stuck is not None
-            assert stuck.checkpoint.status is Status.FAILED
+            with trio.fail_after(10):  # the third failure is being written
+                while (stuck := await store.get(poison)) is None or (  # noqa: ASYNC110
+                    stuck.checkpoint.status is not Status.FAILED
+                ):
+                    await trio.sleep(0.02)
             assert stuck.checkpoint.error == "ValueError: cannot bill this one"
             assert len(attempts) == 3  # the first try and two retries, then failed
             assert [s for s in handled if s.startswith("orders.2.")] == ["orders.2.e0"]
             # an operator skips the poison message: the rest of orders.2 is processed
             await store.change(poison, lambda cp: cp.skip())
             await until(lambda: len(handled) >= total - 1)
+            await settled(store)
             nursery.cancel_scope.cancel()
         final = await store.get(poison)
     assert final is not None and final.checkpoint.status is Status.ACTIVE
@@ -201,7 +224,9 @@ async def test_a_dead_hosts_reservations_expire_and_are_taken_over(
         ids = [s.checkpoint.id async for s in store.all("billing")]
         for cid in ids:
             await store.change(cid, lambda cp: cp.reserve("dead-host", dead_until - 300, 300))
-        workers = CheckpointWorkers(js, "EVENTS", group, store, owner="alive", poll_interval=0.05)
+        workers = CheckpointWorkers(
+            js, "EVENTS", group, store, owner="alive", poll_interval=0.05, recovery_interval=0.2
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(workers.run)
             await trio.sleep(0.3)  # the test's subject is a wait: nothing may happen before expiry
@@ -210,3 +235,106 @@ async def test_a_dead_hosts_reservations_expire_and_are_taken_over(
             nursery.cancel_scope.cancel()
     assert time.time() >= dead_until
     assert sorted(handled) == sorted(set(handled)) and len(handled) == total
+
+
+async def test_a_killed_host_is_recovered_and_each_event_handled_once(
+    nats_server: Any, natspy: Any
+) -> None:
+    total = await load(natspy, nats_server.url)
+    async with connect(nats_server.url) as nc:
+        await create_key_value(JetStream(nc), KeyValueConfig(bucket="cp"))
+    # Host 1 runs in a child process and kills itself (SIGKILL) inside the handler of
+    # orders.3.e2, holding that checkpoint's reservation (and maybe others).
+    child = Path(__file__).with_name("kill_child.py")
+    with trio.fail_after(60):
+        dead = await trio.run_process(
+            [sys.executable, str(child), nats_server.url, "orders.3.e2"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert dead.returncode == -signal.SIGKILL, dead.stderr.decode()
+    by_dead = [line.split()[1] for line in dead.stdout.decode().splitlines()]
+    assert "orders.3.e2" not in by_dead and "orders.3.e1" in by_dead
+
+    handled: list[str] = []
+
+    async def handle(msg: Any) -> None:
+        handled.append(msg.subject)
+
+    group = SubscriptionGroup(
+        name="billing",
+        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
+    )
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        store = CheckpointStore(await key_value(js, "cp"))
+        workers = CheckpointWorkers(
+            js, "EVENTS", group, store, owner="survivor", poll_interval=0.05, recovery_interval=0.2
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(GlobalConsumer(js, "EVENTS", group, store, max_wait=0.05).run)
+            await nursery.start(workers.run)
+            await until(lambda: len(set(by_dead) | set(handled)) >= total)
+            await settled(store)
+            nursery.cancel_scope.cancel()
+        final = [s.checkpoint async for s in store.all("billing")]
+    assert set(by_dead) | set(handled) == {
+        f"orders.{n}.e{e}" for n in range(1, ENTITIES + 1) for e in range(EVENTS)
+    }
+    assert "orders.3.e2" in handled  # the event the host died in, handled by the survivor
+    # At least once, and at most once more: an event handled twice is the last one the dead
+    # host handled for its entity (killed before it wrote the position), and per entity the
+    # two hosts' events join in order.
+    for n in range(1, ENTITIES + 1):
+        mine = [s for s in by_dead if s.startswith(f"orders.{n}.")]
+        theirs = [s for s in handled if s.startswith(f"orders.{n}.")]
+        joined = mine + theirs[1:] if mine and theirs and theirs[0] == mine[-1] else mine + theirs
+        assert joined == [f"orders.{n}.e{e}" for e in range(EVENTS)], (mine, theirs)
+    assert all(cp.position == cp.version and cp.reservation is None for cp in final)
+
+
+async def test_a_failed_checkpoint_retried_by_hand_resumes_once_fixed(
+    nats_server: Any, natspy: Any
+) -> None:
+    total = await load(natspy, nats_server.url)
+    fixed = False
+    handled: list[str] = []
+
+    async def handle(msg: Any) -> None:
+        if msg.subject == "orders.4.e3" and not fixed:
+            raise ConnectionError("ledger offline")
+        handled.append(msg.subject)
+
+    group = SubscriptionGroup(
+        name="billing",
+        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
+    )
+    no_retries = RetryPolicy(overrides={ConnectionError: 0})  # fail at once
+    stuck = CheckpointId("billing", "ledger", "orders.4")
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
+        workers = CheckpointWorkers(
+            js, "EVENTS", group, store, retry=no_retries, poll_interval=0.05
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(GlobalConsumer(js, "EVENTS", group, store, max_wait=0.1).run)
+            await nursery.start(workers.run)
+            with trio.fail_after(20):
+                while not [cp async for cp in _failed(store)]:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            assert [cp.id for cp in await operators.view(store, "failed")] == [stuck]
+            fixed = True  # the ledger is back
+            await operators.retry(store, stuck)
+            await until(lambda: len(handled) >= total)
+            await settled(store)
+            nursery.cancel_scope.cancel()
+    mine = [s for s in handled if s.startswith("orders.4.")]
+    assert mine == [f"orders.4.e{e}" for e in range(EVENTS)]  # in order, the failed one once
+    assert len(handled) == len(set(handled)) == total
+
+
+async def _failed(store: CheckpointStore) -> Any:
+    for cp in await operators.view(store, "failed"):
+        yield cp

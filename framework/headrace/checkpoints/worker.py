@@ -6,7 +6,8 @@ the entity's messages after its position with ADR-31 direct gets (``next_by_subj
 ``<entity>.>``), calls the handler for those the subscription matches, and advances the
 position after each one, so a crash re-delivers at most the message being handled. A handler
 error puts the checkpoint into retry (or failed) as the retry policy says; other checkpoints go
-on. A reservation left by a killed host expires and is taken by the next poll.
+on. A reservation left by a killed host expires; the recovery task (every
+``recovery_interval``, a minute by default) releases it and the next poll hands it out.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class CheckpointWorkers:
     reservation: float = DEFAULT_RESERVATION
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     poll_interval: float = 0.5
+    #: How often expired reservations (a killed host's) are released for others to take.
+    recovery_interval: float = 60.0
     clock: Callable[[], float] = time.time
     #: Messages handled, handler failures, since start.
     handled: int = 0
@@ -59,16 +62,36 @@ class CheckpointWorkers:
         busy: set[CheckpointId] = set()
         task_status.started()
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._recover_expired)
             while True:
                 now = self.clock()
                 async for stored in self.store.all(self.group.name):
                     cp = stored.checkpoint
-                    if cp.id in busy or cp.reserved(now):
+                    # Reserved, even if expired: expired ones are the recovery task's.
+                    if cp.id in busy or cp.reservation is not None:
                         continue
                     if cp.lagging or cp.retry_due(now):
                         busy.add(cp.id)
                         nursery.start_soon(self._guarded, cp.id, limiter, busy)
                 await trio.sleep(self.poll_interval)
+
+    async def _recover_expired(self) -> None:
+        """Every ``recovery_interval``: release reservations that expired (their host died or
+        hung), so that the next poll hands their checkpoints to a live worker."""
+        while True:
+            await trio.sleep(self.recovery_interval)
+            await self.recover_expired()
+
+    async def recover_expired(self) -> int:
+        """Release every expired reservation of the group now; how many were released."""
+        released = 0
+        now = self.clock()
+        async for stored in self.store.all(self.group.name):
+            cp = stored.checkpoint
+            if cp.reservation is not None and not cp.reserved(now):
+                await self.store.change(cp.id, _release_if_expired(now))
+                released += 1
+        return released
 
     async def _guarded(
         self, cid: CheckpointId, limiter: trio.CapacityLimiter, busy: set[CheckpointId]
@@ -128,6 +151,16 @@ def _failed_at(
     position: int, seq: int, error: BaseException, decision: Retry | GiveUp, now: float
 ) -> Callable[[Checkpoint], Checkpoint]:
     return lambda cp: cp.advanced(position).failed(error, decision, now, seq)
+
+
+def _release_if_expired(now: float) -> Callable[[Checkpoint], Checkpoint]:
+    def release(cp: Checkpoint) -> Checkpoint:
+        # Re-checked on the value being replaced: a host may have renewed it meanwhile.
+        if cp.reservation is not None and not cp.reserved(now):
+            return cp.release()
+        return cp
+
+    return release
 
 
 def _released(owner: str) -> Callable[[Checkpoint], Checkpoint]:
