@@ -35,20 +35,37 @@ async def view(
     return sorted(chosen, key=lambda cp: cp.id)
 
 
+def _not_in_work(cp: Checkpoint, now: float, action: str) -> None:
+    """Retry and skip change a checkpoint a worker may be processing: refused while a
+    reservation holds (release it first if its host is known to be gone)."""
+    if cp.reserved(now) and cp.reservation is not None:
+        raise CheckpointError(
+            f"checkpoint {cp.id} is being processed by {cp.reservation.owner!r} (reserved for "
+            f"{cp.reservation.expires_at - now:.0f} s more); {action} it once that ends, or "
+            "release it first if that host is gone"
+        )
+
+
 async def retry(store: CheckpointStore, cid: CheckpointId, clock: Clock = time.time) -> Checkpoint:
     """Retry a failed (or retrying) checkpoint now, with a fresh retry budget."""
 
     def go(cp: Checkpoint) -> Checkpoint:
         if cp.status is Status.ACTIVE:
             raise CheckpointError(f"checkpoint {cid} is active: nothing to retry")
+        _not_in_work(cp, clock(), "retry")
         return cp.retry_now(clock())
 
     return (await store.change(cid, go)).checkpoint
 
 
-async def skip(store: CheckpointStore, cid: CheckpointId) -> Checkpoint:
+async def skip(store: CheckpointStore, cid: CheckpointId, clock: Clock = time.time) -> Checkpoint:
     """Count the failing message as processed and go on with the next."""
-    return (await store.change(cid, lambda cp: cp.skip())).checkpoint
+
+    def go(cp: Checkpoint) -> Checkpoint:
+        _not_in_work(cp, clock(), "skip")
+        return cp.skip()
+
+    return (await store.change(cid, go)).checkpoint
 
 
 async def release(store: CheckpointStore, cid: CheckpointId) -> Checkpoint:
