@@ -51,6 +51,14 @@ async def until(predicate: Any, timeout: float = 20) -> None:
             await trio.sleep(0.02)
 
 
+def billing(handler: Any) -> SubscriptionGroup:
+    """Group "billing" with one subscription, "ledger", to every order event."""
+    return SubscriptionGroup(
+        name="billing",
+        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handler)],
+    )
+
+
 async def settled(store: CheckpointStore, group: str = "billing") -> None:
     """Every checkpoint at its version and released: the last handlers' positions written."""
 
@@ -80,10 +88,7 @@ async def test_each_entity_in_order_all_entities_at_once(nats_server: Any, natsp
         seen[msg.subject.rsplit(".", 1)[0]].append(msg.seq)
         running -= 1
 
-    group = SubscriptionGroup(
-        name="billing",
-        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
-    )
+    group = billing(handle)
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)
         store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
@@ -116,10 +121,7 @@ async def test_a_poison_entity_retries_fails_and_blocks_nobody(
             raise ValueError("cannot bill this one")
         handled.append(msg.subject)
 
-    group = SubscriptionGroup(
-        name="billing",
-        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
-    )
+    group = billing(handle)
     fast = RetryPolicy(max_retries=2, initial_delay=0.05, max_delay=0.1, jitter=False)
     poison = CheckpointId("billing", "ledger", "orders.2")
     async with connect(nats_server.url) as nc:
@@ -177,12 +179,7 @@ async def test_two_hosts_share_a_group_and_never_process_a_checkpoint_together(
         store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
         hosts = []
         for host in ("a", "b"):
-            group = SubscriptionGroup(
-                name="billing",
-                subscriptions=[
-                    Subscription(name="ledger", subjects=["orders.>"], handler=handler_for(host))
-                ],
-            )
+            group = billing(handler_for(host))
             hosts.append(
                 CheckpointWorkers(js, "EVENTS", group, store, owner=host, poll_interval=0.02)
             )
@@ -209,10 +206,7 @@ async def test_a_dead_hosts_reservations_expire_and_are_taken_over(
     async def handle(msg: Any) -> None:
         handled.append(msg.seq)
 
-    group = SubscriptionGroup(
-        name="billing",
-        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
-    )
+    group = billing(handle)
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)
         store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
@@ -264,10 +258,7 @@ async def test_a_killed_host_is_recovered_and_each_event_handled_once(
     async def handle(msg: Any) -> None:
         handled.append(msg.subject)
 
-    group = SubscriptionGroup(
-        name="billing",
-        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
-    )
+    group = billing(handle)
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)
         store = CheckpointStore(await key_value(js, "cp"))
@@ -308,10 +299,7 @@ async def test_a_failed_checkpoint_retried_by_hand_resumes_once_fixed(
             raise ConnectionError("ledger offline")
         handled.append(msg.subject)
 
-    group = SubscriptionGroup(
-        name="billing",
-        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
-    )
+    group = billing(handle)
     no_retries = RetryPolicy(overrides={ConnectionError: 0})  # fail at once
     stuck = CheckpointId("billing", "ledger", "orders.4")
     async with connect(nats_server.url) as nc:
@@ -374,12 +362,7 @@ async def test_a_long_run_renews_its_reservation_so_no_second_host_joins(
             CheckpointWorkers(
                 js,
                 "EVENTS",
-                SubscriptionGroup(
-                    name="billing",
-                    subscriptions=[
-                        Subscription(name="ledger", subjects=["orders.>"], handler=handler_for(h))
-                    ],
-                ),
+                billing(handler_for(h)),
                 store,
                 owner=h,
                 reservation=0.3,
@@ -410,10 +393,7 @@ async def test_stale_work_deleted_messages_and_unknown_subscriptions(
     async def handle(msg: Any) -> None:
         handled.append(msg.subject)
 
-    group = SubscriptionGroup(
-        name="billing",
-        subscriptions=[Subscription(name="ledger", subjects=["orders.>"], handler=handle)],
-    )
+    group = billing(handle)
     with pytest.raises(ValueError, match="without a handler"):
         CheckpointWorkers(
             None,
