@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -159,31 +158,20 @@ async def create_stream(js: Any) -> None:
 async def publish_orders(nc: Any, js: Any, n: int, say: Callable[[str], None]) -> float:
     """Publish ``n`` orders with headers, each stored (acknowledged by the stream); returns
     the messages per second."""
-    inbox = nc.new_inbox()
-    acks = await nc.subscribe(inbox)
-    started = time.perf_counter()
-    refused = 0
-    sent = 0
-    while sent < n:
-        window = min(PUBLISH_WINDOW, n - sent)
-        for i in range(sent + 1, sent + window + 1):
+    from headrace.jetstream import publish_acked
+
+    def orders() -> Iterator[tuple[str, bytes, dict[str, str]]]:
+        for i in range(1, n + 1):
             headers = {"Content-Type": "application/json", "Order-Channel": ("web", "app")[i % 2]}
-            subject = f"{SUBJECT_PREFIX}.{('eu', 'us', 'uk')[i % 3]}"
-            await nc.publish(subject, order_payload(i), reply=inbox, headers=headers)
-        answered = 0
-        while answered < window:
-            with trio.fail_after(30):
-                got = await acks.next_batch()
-            answered += len(got)
-            refused += sum(1 for m in got if m.status is not None or b'"error"' in m.data)
-        sent += window
-        say(f"\rpublished {sent:,}/{n:,}")
-    await acks.unsubscribe()
-    elapsed = time.perf_counter() - started
+            yield f"{SUBJECT_PREFIX}.{('eu', 'us', 'uk')[i % 3]}", order_payload(i), headers
+            if i % PUBLISH_WINDOW == 0:
+                say(f"\rpublished {i:,}/{n:,}")
+
+    load = await publish_acked(nc, orders(), window=PUBLISH_WINDOW)
     stored = (await js.stream_info(STREAM)).state.messages
-    if refused or stored != n:
-        raise DemoError(f"publishing failed: {refused} refused, {stored:,} of {n:,} stored")
-    return n / elapsed if elapsed > 0 else math.inf
+    if load.refused or stored != n:
+        raise DemoError(f"publishing failed: {load.refused} refused, {stored:,} of {n:,} stored")
+    return load.msg_per_s
 
 
 async def run_pipeline(nc: Any, sink: Any, n: int, batch: int, say: Callable[[str], None]) -> Any:

@@ -44,23 +44,16 @@ _ME = [sys.executable, "-m", "headrace.benchmarks.checkpoints"]
 
 
 async def _load(url: str, n: int, entities: int) -> None:
-    from headrace.jetstream import JetStream, StreamConfig
+    from headrace.jetstream import JetStream, StreamConfig, publish_acked
     from headrace.nats import connect
 
     async with connect(url) as nc:
         js = JetStream(nc)
         await js.add_stream(StreamConfig(name=STREAM, subjects=["orders.>"], allow_direct=True))
-        inbox = nc.new_inbox()
-        acks = await nc.subscribe(inbox)
-        answered = 0
-        for i in range(n):
-            await nc.publish(f"orders.{i % entities}.e{i // entities}", b"{}", reply=inbox)
-            while i + 1 - answered > 1000:
-                with trio.fail_after(30):
-                    answered += len(await acks.next_batch())
-        while answered < n:
-            with trio.fail_after(30):
-                answered += len(await acks.next_batch())
+        messages = ((f"orders.{i % entities}.e{i // entities}", b"{}", None) for i in range(n))
+        load = await publish_acked(nc, messages, window=1000)
+        if load.refused:
+            raise BenchmarkError(f"loading failed: {load.refused} publishes refused")
 
 
 async def _run_headrace(url: str, n: int, handler_ms: float) -> dict[str, Any]:

@@ -215,7 +215,7 @@ def _result(
 
 async def _load(url: str, n: int, size: int) -> None:
     """Create the stream and publish N messages, at most LOAD_WINDOW unacknowledged."""
-    from headrace.jetstream import JetStream, StreamConfig
+    from headrace.jetstream import JetStream, StreamConfig, publish_acked
     from headrace.nats import connect
 
     payload = b"x" * size
@@ -223,31 +223,18 @@ async def _load(url: str, n: int, size: int) -> None:
     async with connect(url) as nc:
         js = JetStream(nc)
         await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECTS]))
-        inbox = nc.new_inbox()
-        acks = await nc.subscribe(inbox)
-        answered = failed = 0
+        messages = ((subjects[i % 100], payload, None) for i in range(n))
+        load = await publish_acked(nc, messages, window=LOAD_WINDOW)
+        stored = await _stored(js, n, load.refused)
+    print(json.dumps({"load_msg_per_s": round(load.msg_per_s), "stored": stored}), flush=True)
 
-        async def collect() -> None:
-            nonlocal answered, failed
-            with trio.fail_after(30):
-                batch = await acks.next_batch()
-            answered += len(batch)
-            failed += sum(1 for m in batch if m.status is not None or b'"error"' in m.data)
 
-        started = time.perf_counter()
-        for i in range(n):
-            await nc.publish(subjects[i % 100], payload, reply=inbox)
-            while i + 1 - answered > LOAD_WINDOW:
-                await collect()
-        while answered < n:
-            await collect()
-        elapsed = time.perf_counter() - started
-        stored = (await js.stream_info(STREAM)).state.messages
-        if failed or stored != n:
-            raise BenchmarkError(
-                f"loading failed: {failed} publishes refused, {stored} of {n} stored"
-            )
-    print(json.dumps({"load_msg_per_s": round(n / elapsed), "stored": stored}), flush=True)
+async def _stored(js: Any, n: int, refused: int, stream: str = STREAM) -> int:
+    """What ``stream`` holds after loading N messages; :class:`BenchmarkError` unless N."""
+    stored: int = (await js.stream_info(stream)).state.messages
+    if refused or stored != n:
+        raise BenchmarkError(f"loading failed: {refused} publishes refused, {stored} of {n} stored")
+    return stored
 
 
 async def _consume_headrace(

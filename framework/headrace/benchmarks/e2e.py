@@ -55,6 +55,7 @@ from headrace.benchmarks.consume import (
     _peak_rss_mb,
     _run_child,
     _settled_problems,
+    _stored,
 )
 from headrace.localserver import LocalServer
 
@@ -130,43 +131,19 @@ def order(i: int) -> tuple[str, bytes]:
 
 async def _load(url: str, n: int) -> dict[str, Any]:
     """Create the stream and publish N orders, at most LOAD_WINDOW unacknowledged."""
-    from headrace.jetstream import JetStream, StreamConfig
+    from headrace.jetstream import JetStream, StreamConfig, publish_acked
     from headrace.nats import connect
 
-    payload_bytes = 0
     async with connect(url) as nc:
         js = JetStream(nc)
         await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECTS]))
-        inbox = nc.new_inbox()
-        acks = await nc.subscribe(inbox)
-        answered = failed = 0
-
-        async def collect() -> None:
-            nonlocal answered, failed
-            with trio.fail_after(30):
-                batch = await acks.next_batch()
-            answered += len(batch)
-            failed += sum(1 for m in batch if m.status is not None or b'"error"' in m.data)
-
-        started = time.perf_counter()
-        for i in range(n):
-            subject, body = order(i)
-            payload_bytes += len(body)
-            await nc.publish(subject, body, reply=inbox, headers=HEADERS)
-            while i + 1 - answered > LOAD_WINDOW:
-                await collect()
-        while answered < n:
-            await collect()
-        elapsed = time.perf_counter() - started
-        stored = (await js.stream_info(STREAM)).state.messages
-        if failed or stored != n:
-            raise BenchmarkError(
-                f"loading failed: {failed} publishes refused, {stored} of {n} stored"
-            )
+        messages = ((*order(i), HEADERS) for i in range(n))
+        load = await publish_acked(nc, messages, window=LOAD_WINDOW)
+        stored = await _stored(js, n, load.refused, STREAM)
     return {
         "stored": stored,
-        "load_msg_per_s": round(n / elapsed) if elapsed > 0 else 0,
-        "payload_bytes": payload_bytes,
+        "load_msg_per_s": round(load.msg_per_s),
+        "payload_bytes": load.payload_bytes,
     }
 
 

@@ -6,6 +6,7 @@ with ack methods (ADR-15).
 """
 
 from headrace.jetstream.ack_reply import AckMetadata, parse_ack_reply
+from headrace.jetstream.bulk_publish import BulkPublishResult, publish_acked
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeEvent, ConsumeOptions
 from headrace.jetstream.consumer_config import (
     AckPolicy,
@@ -97,6 +98,7 @@ __all__ = [
     "BadRequest",
     "BucketExists",
     "BucketNotFound",
+    "BulkPublishResult",
     "Compression",
     "ConsumeBuffer",
     "ConsumeEvent",
@@ -170,4 +172,5 @@ __all__ = [
     "delete_key_value",
     "key_value",
     "parse_ack_reply",
+    "publish_acked",
 ]
