@@ -170,7 +170,7 @@ class SparkSink:
         tag = f"headrace-spark-{secrets.token_hex(6)}"
         try:
             await trio.to_thread.run_sync(
-                self._write_sync, batch.records, tag, limiter=self._limiter, abandon_on_cancel=True
+                self._write_sync, batch, tag, limiter=self._limiter, abandon_on_cancel=True
             )
         except trio.Cancelled:
             self._cancelled.add(tag)
@@ -258,14 +258,14 @@ class SparkSink:
                 "files would hold none"
             )
 
-    def _write_sync(self, records: list[Record], tag: str) -> CommitInfo | None:
+    def _write_sync(self, batch: Batch, tag: str) -> CommitInfo | None:
         with self._mutex:
             out, ledger, tags = self._out, self._ledger, self._tags
             if out is None or ledger is None or tags is None:
                 raise SinkNotOpen(f"{self!r} was closed")
             started = time.perf_counter()
-            keep = self._not_committed(records, ledger)
-            skipped = len(records) - len(keep)
+            keep = self._not_committed(batch, ledger)
+            skipped = len(batch) - len(keep)
             self.duplicates_skipped += skipped
             if not keep:
                 return None
@@ -313,24 +313,16 @@ class SparkSink:
         return info
 
     @staticmethod
-    def _not_committed(records: list[Record], ledger: CommitLedger) -> list[Record]:
-        """The records the ledger does not hold yet. A batch whose sequence range misses
-        every committed interval (the usual case) is kept whole without a lookup per record."""
-        lows: dict[str, int] = {}
-        highs: dict[str, int] = {}
-        for record in records:
-            stream, seq = record.stream, record.stream_seq
-            if seq < lows.get(stream, seq + 1):
-                lows[stream] = seq
-            if seq > highs.get(stream, -1):
-                highs[stream] = seq
+    def _not_committed(batch: Batch, ledger: CommitLedger) -> list[Record]:
+        """The records the ledger does not hold yet. A batch whose sequence ranges miss every
+        committed interval (the usual case) is kept whole without a lookup per record."""
         if not any(
             (committed := ledger.committed.get(stream)) is not None
-            and committed.overlaps(low, highs[stream])
-            for stream, low in lows.items()
+            and committed.overlaps(first, last)
+            for stream, first, last in batch.ranges
         ):
-            return records
-        return [r for r in records if not ledger.is_committed(r.stream, r.stream_seq)]
+            return batch.records
+        return [r for r in batch.records if not ledger.is_committed(r.stream, r.stream_seq)]
 
     def _spark_write(self, table: pa.Table, staging: Path, tag: str) -> None:
         assert self._tags is not None
