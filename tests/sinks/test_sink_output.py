@@ -68,3 +68,19 @@ def test_directory_lock_in_one_process_is_exclusive_per_descriptor(tmp_path: Pat
         DirectoryLock(tmp_path, ".lock", "TestSink").acquire()
     first.release()
     DirectoryLock(tmp_path, ".lock", "TestSink").acquire()
+
+
+@pytest.mark.parametrize(
+    ("seqs", "intervals"),
+    [
+        ([3, 1, 2], [(1, 3)]),  # one run, unsorted: no loop needed
+        ([1, 1, 3], [(1, 1), (3, 3)]),  # as long as its span, but with a repeat and a gap
+        ([1, 2, 2, 3], [(1, 3)]),
+        ([7], [(7, 7)]),
+        ([], []),
+    ],
+)
+def test_seqset_of_runs_with_and_without_gaps(
+    seqs: list[int], intervals: list[tuple[int, int]]
+) -> None:
+    assert SeqSet.of(seqs).intervals == intervals

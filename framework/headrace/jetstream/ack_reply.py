@@ -15,15 +15,18 @@ A domain of ``_`` means "no domain" and is exposed as ``None``. Anything else (a
 from __future__ import annotations
 
 import datetime as dt
-
-import attrs
+from typing import NamedTuple
 
 from headrace.jetstream.errors import InvalidAckReply
 
 
-@attrs.frozen(slots=True)
-class AckMetadata:
-    """Where a delivered message sits in its stream and consumer."""
+class AckMetadata(NamedTuple):
+    """Where a delivered message sits in its stream and consumer.
+
+    A named tuple rather than an attrs class: every delivered message gets one, and a frozen
+    attrs instance costs three times as much to make (0.8 against 0.3 us here), which showed
+    in the end-to-end profile. It is immutable and compares by value all the same.
+    """
 
     stream: str
     consumer: str
@@ -51,6 +54,14 @@ def parse_ack_reply(reply: str) -> AckMetadata:
     """The metadata of ``reply``; :class:`InvalidAckReply` if it is not a ``$JS.ACK`` subject."""
     tokens = reply.split(".")
     n = len(tokens)
+    if n == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        # The common v1 form, unpacked at once: every delivered message pays for this parse.
+        _, _, stream, consumer, delivered, sseq, cseq, ts, pending = tokens
+        digits = delivered + sseq + cseq + ts + pending
+        if stream and consumer and digits.isdigit() and digits.isascii() and all(tokens[4:]):
+            return AckMetadata(
+                stream, consumer, int(delivered), int(sseq), int(cseq), int(ts), int(pending)
+            )
     if n < 2 or tokens[0] != "$JS" or tokens[1] != "ACK":
         raise InvalidAckReply(f"not a JetStream ack reply (no $JS.ACK prefix): {reply!r}")
     if n == 9:

@@ -30,6 +30,22 @@ class BatchPolicy:
     max_age: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
 
 
+def stream_sequences(records: list[Record]) -> dict[str, list[int]]:
+    """The stream sequences of ``records``, by stream, in record order.
+
+    Sinks and batches ask this of every record of every batch: one pass gathers the messages'
+    metadata, and a batch from one stream (the usual case) needs no per-record grouping.
+    """
+    metas = [record.delivery.msg.metadata for record in records]
+    streams = {meta.stream for meta in metas}
+    if len(streams) == 1:
+        return {streams.pop(): [meta.stream_seq for meta in metas]}
+    by_stream: dict[str, list[int]] = {}
+    for meta in metas:
+        by_stream.setdefault(meta.stream, []).append(meta.stream_seq)
+    return by_stream
+
+
 class Batch:
     """Records for one ``write_batch`` call."""
 
@@ -53,17 +69,10 @@ class Batch:
     def ranges(self) -> list[tuple[str, int, int]]:
         """(stream, first_seq, last_seq) per stream, sorted by stream name."""
         if self._ranges is None:
-            bounds: dict[str, list[int]] = {}
-            for record in self.records:
-                meta = record.delivery.msg.metadata
-                b = bounds.get(meta.stream)
-                if b is None:
-                    bounds[meta.stream] = [meta.stream_seq, meta.stream_seq]
-                elif meta.stream_seq < b[0]:
-                    b[0] = meta.stream_seq
-                elif meta.stream_seq > b[1]:
-                    b[1] = meta.stream_seq
-            self._ranges = [(s, b[0], b[1]) for s, b in sorted(bounds.items())]
+            self._ranges = [
+                (stream, min(seqs), max(seqs))
+                for stream, seqs in sorted(stream_sequences(self.records).items())
+            ]
         return self._ranges
 
     @property

@@ -166,6 +166,35 @@ class ProtocolParser:
                             continue
                 kind = _MSG
             elif buf.startswith(b"HMSG", pos):
+                # The same fast path for a well-formed HMSG with a reply (every JetStream
+                # message with headers); anything else goes on to the general path.
+                args = buf[pos + 5 : eol].split()
+                if len(args) == 5 and buf[pos + 4] == 32:  # "HMSG "
+                    subject, sid, reply_b, hdr_b, size_b = args
+                    if size_b.isdigit() and sid.isdigit() and hdr_b.isdigit():
+                        size = int(size_b)
+                        hdr = int(hdr_b)
+                        start = eol + 2
+                        end = start + size
+                        hend = start + hdr
+                        if (
+                            size <= max_payload
+                            and _HDR_MIN <= hdr <= size
+                            and buf.startswith(b"\r\n", end)
+                            and buf.startswith(b"NATS/1.0", start)
+                            and buf.startswith(b"\r\n\r\n", hend - 4)
+                        ):
+                            append(
+                                Msg(
+                                    subject.decode(),
+                                    int(sid),
+                                    reply_b.decode(),
+                                    buf[hend:end],
+                                    buf[start:hend],
+                                )
+                            )
+                            pos = end + 2
+                            continue
                 kind = _HMSG if buf[pos + 4 : pos + 5] in (b" ", b"\t") else _classify(buf[pos:eol])
             else:
                 kind = _classify(buf[pos:eol])

@@ -96,16 +96,21 @@ class SeqSet:
     def of(cls, seqs: Iterable[int]) -> SeqSet:
         """The set of ``seqs``: sorted, then runs become intervals in one pass (a batch's
         sequences are mostly one run, and this is on a sink's per-batch path)."""
+        ordered = sorted(seqs)
+        result = cls()
+        if ordered and ordered[-1] - ordered[0] == len(ordered) - 1 == len(set(ordered)) - 1:
+            # One run without gaps or repeats, a batch's usual shape: no loop needed.
+            result._starts, result._ends = [ordered[0]], [ordered[-1]]
+            return result
         starts: list[int] = []
         ends: list[int] = []
-        for seq in sorted(seqs):
+        for seq in ordered:
             if ends and seq <= ends[-1] + 1:
                 if seq > ends[-1]:
                     ends[-1] = seq
             else:
                 starts.append(seq)
                 ends.append(seq)
-        result = cls()
         result._starts, result._ends = starts, ends
         return result
 
