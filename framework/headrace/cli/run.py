@@ -39,6 +39,7 @@ from headrace.jetstream.errors import (
     SubscribeError,
 )
 from headrace.nats.connection import connect
+from headrace.pipeline.gc_tuning import restore_gc, tune_gc
 from headrace.pipeline.graph import Pipeline, PipelineError
 from headrace.pipeline.runtime import PipelineRun, StageError
 from headrace.pipeline.stats import PipelineStats
@@ -169,9 +170,12 @@ def command(args: argparse.Namespace) -> int:
     reporter = make_reporter(mode, sys.stderr)
     interval = args.interval or (1.0 if isinstance(reporter, LiveView) else 5.0)
     runner = Runner(pipe, kwargs, reporter, interval=interval, metrics_port=args.metrics_port)
+    # The collector settings for streaming (gc_tuning.py), put back for in-process callers.
+    gc_settings = tune_gc()
     try:
         code = trio.run(runner.main)
     finally:
+        restore_gc(gc_settings)
         reporter.close()
     return code
 

@@ -6,6 +6,7 @@ sink it reached (the ack tracker); cancelling a pipeline drains it. See docs/pip
 
 from headrace.pipeline.ack_tracker import AckTracker
 from headrace.pipeline.batch import Batch, BatchPolicy
+from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
 from headrace.pipeline.graph import Node, Pipeline, PipelineError
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
@@ -18,6 +19,7 @@ __all__ = [
     "Batch",
     "BatchPolicy",
     "Delivery",
+    "GcSettings",
     "JetStreamSource",
     "Node",
     "Pipeline",
@@ -28,4 +30,6 @@ __all__ = [
     "Sink",
     "SinkRunner",
     "StageError",
+    "restore_gc",
+    "tune_gc",
 ]
