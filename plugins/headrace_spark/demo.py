@@ -236,6 +236,7 @@ async def demo(
     spark_master: str,
     batch: int,
     stream: TextIO = sys.stdout,
+    writer: str = "spark",
 ) -> DemoResult:
     from headrace.jetstream import JetStream
     from headrace.localserver import LocalServer
@@ -264,7 +265,9 @@ async def demo(
             js = JetStream(nc)
             await create_stream(js)
             try:
-                result = await _publish_and_run(nc, js, messages, out, spark_master, batch, say)
+                result = await _publish_and_run(
+                    nc, js, messages, out, spark_master, batch, say, writer
+                )
             finally:
                 with trio.move_on_after(10, shield=True):
                     await js.delete_stream(STREAM)
@@ -282,6 +285,7 @@ async def _publish_and_run(
     spark_master: str,
     batch: int,
     say: Callable[[str], None],
+    writer: str = "spark",
 ) -> DemoResult:
     from headrace_spark import SparkSink
     from headrace_spark.session import start_session
@@ -301,6 +305,7 @@ async def _publish_and_run(
         metadata_prefix="nats_",
         partition_by=["day"],
         spark=spark,
+        writer=writer,
     )
     try:
         started = time.perf_counter()

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from headrace_spark.errors import SparkSchemaError
+from headrace_spark.metadata import BatchMetadata
 
 if TYPE_CHECKING:
     from headrace.pipeline.record import Record
@@ -113,25 +115,39 @@ def schema_of(declared: pa.Schema | type) -> pa.Schema:
 
 
 def metadata_arrays(
-    records: Sequence[Record], prefix: str = "", names: Sequence[str] | None = None
+    records: Sequence[Record],
+    prefix: str = "",
+    names: Sequence[str] | None = None,
+    meta: BatchMetadata | None = None,
 ) -> dict[str, pa.Array]:
     """The metadata columns ``names`` (default: all, in :data:`METADATA_SCHEMA` order) of
-    ``records``; a column not asked for costs nothing."""
+    ``records``; a column not asked for costs nothing. ``meta``: the records' delivery
+    metadata if the caller has it already (metadata.py parses it for a whole batch in C)."""
     msgs = [r.delivery.msg for r in records]
-    metas = [m.metadata for m in msgs]
+    wanted = names or METADATA_SCHEMA.names
+    if meta is None and not _FROM_MESSAGE.issuperset(wanted):
+        meta = BatchMetadata.of(records)
+
+    def field(name: str) -> pa.Array:
+        assert meta is not None
+        return meta.columns[name]
+
     makers: dict[str, Callable[[], pa.Array]] = {
-        "subject": lambda: pa.array([m.subject for m in msgs], pa.string()),
-        "data": lambda: pa.array([m.data for m in msgs], pa.binary()),
-        "headers": lambda: pa.array(_header_maps(msgs), HEADERS_TYPE),
-        "stream": lambda: pa.array([m.stream for m in metas], pa.string()),
-        "stream_seq": lambda: pa.array([m.stream_seq for m in metas], pa.int64()),
-        "consumer_seq": lambda: pa.array([m.consumer_seq for m in metas], pa.int64()),
-        "num_delivered": lambda: pa.array([m.num_delivered for m in metas], pa.int32()),
-        "timestamp": lambda: pa.array(
-            [m.timestamp_ns // 1000 for m in metas], pa.timestamp("us", "UTC")
-        ),
+        "subject": lambda: pa.array([m.msg.subject for m in msgs], pa.string()),
+        "data": lambda: pa.array([m.msg.data for m in msgs], pa.binary()),
+        "headers": lambda: _headers_column(msgs),
+        "stream": lambda: field("stream"),
+        "stream_seq": lambda: field("stream_seq"),
+        "consumer_seq": lambda: field("consumer_seq"),
+        "num_delivered": lambda: field("num_delivered").cast(pa.int32()),
+        # Spark keeps microseconds: the cut truncates, as ns // 1000 would
+        "timestamp": lambda: pc.divide(field("timestamp_ns"), 1000).cast(pa.timestamp("us", "UTC")),
     }
-    return {f"{prefix}{name}": makers[name]() for name in names or METADATA_SCHEMA.names}
+    return {f"{prefix}{name}": makers[name]() for name in wanted}
+
+
+#: Columns taken from the message itself; the others come from its delivery metadata.
+_FROM_MESSAGE = frozenset({"subject", "data", "headers"})
 
 
 def metadata_names(keep: bool | Sequence[str]) -> tuple[str, ...]:
@@ -154,23 +170,25 @@ def metadata_names(keep: bool | Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in METADATA_SCHEMA.names if n in keep)
 
 
-def _header_maps(msgs: Sequence[Any]) -> list[dict[str, list[str]]]:
-    """Each message's headers as a dict of lists. Messages of one stream often carry the same
-    header block byte for byte, so a block is parsed once per batch (parsing is most of the
-    cost of building a table)."""
-    seen: dict[bytes, dict[str, list[str]]] = {}
-    out: list[dict[str, list[str]]] = []
+def _headers_column(msgs: Sequence[Any]) -> pa.Array:
+    """Each message's headers as a ``map<string, array<string>>``, empty for none.
+
+    Messages of one stream mostly carry the same header block byte for byte, so each distinct
+    block is parsed and converted once per batch, and the column is made by Arrow picking the
+    converted blocks by index: per record, one dictionary lookup.
+    """
+    seen: dict[bytes | None, int] = {}
+    blocks: list[dict[str, list[str]]] = []
+    picks: list[int] = []
     for m in msgs:
         raw = m.msg.raw_headers
-        if raw is None:
-            out.append({})
-            continue
-        parsed = seen.get(raw)
-        if parsed is None:
-            headers = m.headers
-            parsed = seen[raw] = headers.as_dict() if headers else {}
-        out.append(parsed)
-    return out
+        i = seen.get(raw)
+        if i is None:
+            i = seen[raw] = len(blocks)
+            headers = m.headers if raw is not None else None
+            blocks.append(headers.as_dict() if headers else {})
+        picks.append(i)
+    return pa.array(blocks, HEADERS_TYPE).take(pa.array(picks, pa.int32()))
 
 
 @attrs.frozen(slots=True)
@@ -219,12 +237,14 @@ class TableBuilder:
                 arrow = pa.schema([*arrow, *meta])
         object.__setattr__(self, "arrow_schema", arrow)
 
-    def build(self, records: Sequence[Record]) -> pa.Table:
+    def build(self, records: Sequence[Record], meta: BatchMetadata | None = None) -> pa.Table:
         """The table of ``records``; :class:`SparkSchemaError` for the first that does not fit
-        (see :meth:`build_accepting` to set such records aside instead)."""
+        (see :meth:`build_accepting` to set such records aside instead). ``meta``: the
+        records' metadata columns, if the caller has them."""
         if self.schema is None:
             return pa.table(
-                metadata_arrays(records, self.metadata_prefix, self._meta), self.arrow_schema
+                metadata_arrays(records, self.metadata_prefix, self._meta, meta),
+                self.arrow_schema,
             )
         decode = self.decode
         try:
@@ -256,11 +276,11 @@ class TableBuilder:
                     field.name,
                 )
         if self._meta:
-            columns.update(metadata_arrays(records, self.metadata_prefix, self._meta))
+            columns.update(metadata_arrays(records, self.metadata_prefix, self._meta, meta))
         return pa.table(columns, self.arrow_schema)
 
     def build_accepting(
-        self, records: Sequence[Record]
+        self, records: Sequence[Record], meta: BatchMetadata | None = None
     ) -> tuple[pa.Table, list[Record], list[tuple[Record, SparkSchemaError]]]:
         """The table of the records that fit, those records, and the others with the reason
         each does not (a poison record fails alone, not its whole batch).
@@ -270,7 +290,7 @@ class TableBuilder:
         then be skipped, the set-aside one with them.
         """
         try:
-            return self.build(records), list(records), []
+            return self.build(records, meta), list(records), []
         except SparkSchemaError as exc:
             if len(records) == 1:
                 return self.arrow_schema.empty_table(), [], [(records[0], exc)]
@@ -281,7 +301,7 @@ class TableBuilder:
             except SparkSchemaError as exc:
                 rejected.append((record, exc))
         if not rejected:  # the batch failed as a whole but no record alone: not a record's fault
-            return self.build(records), list(records), []
+            return self.build(records, meta), list(records), []
         bad = {(r.stream, r.stream_seq) for r, _ in rejected}
         alone = {id(r) for r, _ in rejected}
         good: list[Record] = []

@@ -16,6 +16,9 @@ again); after it, the records are committed and their redelivery is skipped.
 
 Cancelling ``write_batch`` (the pipeline stopping hard) cancels the batch's Spark jobs by tag
 and returns at once; an attempt that Spark finishes anyway is not committed.
+
+``writer="arrow"`` replaces step 3 for parquet paths: Arrow writes the table into the staging
+directory (arrow_writer.py) and no Spark job runs; everything around it is the same.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ import attrs
 import pyarrow as pa
 import trio
 from headrace.sinks.errors import RecordsRejected, SinkNotOpen
-from headrace.sinks.output import DirectoryLock, SeqSet
+from headrace.sinks.output import DirectoryLock
 
+from headrace_spark.arrow_writer import write_parquet
 from headrace_spark.errors import (
     SparkJobCancelled,
     SparkSchemaError,
@@ -43,6 +47,7 @@ from headrace_spark.errors import (
     SparkWriteError,
 )
 from headrace_spark.ledger import FOLD_AFTER, CommitLedger
+from headrace_spark.metadata import BatchMetadata
 from headrace_spark.output import OutputDir, new_token
 from headrace_spark.schema import TableBuilder
 from headrace_spark.session import JobTags, empty_frame, first_line, start_session
@@ -53,6 +58,10 @@ if TYPE_CHECKING:
     from headrace.pipeline.record import Record
 
 LOCK_NAME = "lock"
+
+#: How a batch's table becomes files: a Spark job (``createDataFrame(table).write``), or
+#: Arrow's parquet writer for parquet paths (arrow_writer.py; no JVM work per batch).
+WRITERS = ("spark", "arrow")
 
 
 @attrs.frozen(slots=True)
@@ -108,9 +117,22 @@ class SparkSink:
         fsync: bool = True,
         on_commit: Callable[[CommitInfo], None] | None = None,
         stop_session: bool = False,
+        writer: str = "spark",
     ) -> None:
         if (path is None) == (table is None):
             raise SparkSinkError("SparkSink needs exactly one of path= (parquet) or table=")
+        if writer not in WRITERS:
+            raise SparkSinkError(f"writer must be one of {list(WRITERS)}, not {writer!r}")
+        if writer == "arrow" and table is not None:
+            raise SparkSinkError(
+                "writer='arrow' writes parquet paths (path=); a table needs Spark's catalog, "
+                "so write tables with writer='spark'"
+            )
+        if writer == "arrow" and transform is not None:
+            raise SparkSinkError(
+                "writer='arrow' makes no DataFrame, so it cannot apply transform=; derive the "
+                "columns in the pipeline (map, decode) or use writer='spark'"
+            )
         if files_per_batch is not None and files_per_batch < 1:
             raise SparkSinkError(f"files_per_batch must be at least 1, not {files_per_batch}")
         self.target: ParquetTarget | TableTarget = (
@@ -120,6 +142,7 @@ class SparkSink:
         )
         self.builder = TableBuilder(schema, decode, keep_metadata, metadata_prefix)
         self.transform = transform
+        self.writer = writer
         self.files_per_batch = files_per_batch
         self.fsync = fsync
         self.on_commit = on_commit
@@ -152,7 +175,8 @@ class SparkSink:
         self.recovered_rolled = 0
 
     def __repr__(self) -> str:
-        return f"SparkSink({self.target.describe()})"
+        how = ", arrow writer" if self.writer == "arrow" else ""
+        return f"SparkSink({self.target.describe()}{how})"
 
     @property
     def output(self) -> Path | None:
@@ -193,6 +217,8 @@ class SparkSink:
 
         def run() -> Any:
             with self._mutex:
+                if self.spark is None:  # the arrow writer needs no session until now
+                    self.spark = start_session(**self._session_args)
                 return compact_output(self.spark, out, ledger, min_files=min_files)
 
         return await trio.to_thread.run_sync(run, limiter=self._limiter)
@@ -203,15 +229,20 @@ class SparkSink:
         with self._mutex:
             if self._lock is not None:
                 self._release()
-            if self.spark is None:
-                self.spark = start_session(**self._session_args)
-            spark = self.spark
-            self._tags = JobTags(spark)
-            template = empty_frame(spark, self.builder.arrow_schema)
-            if self.transform is not None:
-                template = self.transform(template)
-            self._check_partitions(list(template.columns))
-            root = self.target.location(spark, template)
+            if self.writer == "arrow":
+                # No Spark job per batch, so no session unless the application gave one.
+                self._check_partitions(self.builder.arrow_schema.names)
+                root = self.target.location(self.spark, None)
+            else:
+                if self.spark is None:
+                    self.spark = start_session(**self._session_args)
+                spark = self.spark
+                self._tags = JobTags(spark)
+                template = empty_frame(spark, self.builder.arrow_schema)
+                if self.transform is not None:
+                    template = self.transform(template)
+                self._check_partitions(list(template.columns))
+                root = self.target.location(spark, template)
             out = OutputDir(root, fsync=self.fsync)
             out.prepare()
             lock = DirectoryLock(out.control, LOCK_NAME, "SparkSink")
@@ -260,24 +291,29 @@ class SparkSink:
 
     def _write_sync(self, batch: Batch, tag: str) -> CommitInfo | None:
         with self._mutex:
-            out, ledger, tags = self._out, self._ledger, self._tags
-            if out is None or ledger is None or tags is None:
+            out, ledger = self._out, self._ledger
+            if out is None or ledger is None:
                 raise SinkNotOpen(f"{self!r} was closed")
             started = time.perf_counter()
-            keep = self._not_committed(batch, ledger)
+            # The batch's delivery metadata, parsed in bulk once: the ledger's check, the
+            # metadata columns and the commit entry all come from it.
+            meta = BatchMetadata.of(batch.records)
+            keep = self._not_committed(batch.records, meta, ledger)
             skipped = len(batch) - len(keep)
             self.duplicates_skipped += skipped
             if not keep:
                 return None
+            if skipped:
+                meta = BatchMetadata.of(keep)
             # A record that does not fit the schema is set aside, not the batch with it.
-            table, keep, rejected = self.builder.build_accepting(keep)
-            if not keep:
+            table, accepted, rejected = self.builder.build_accepting(keep, meta)
+            if not accepted:
                 self.records_rejected += len(rejected)
                 raise RecordsRejected(rejected)
-            by_stream: dict[str, list[int]] = {}
-            for record in keep:
-                by_stream.setdefault(record.stream, []).append(record.stream_seq)
-            seqs = {stream: SeqSet.of(numbers) for stream, numbers in by_stream.items()}
+            if len(accepted) != len(keep):
+                meta = BatchMetadata.of(accepted)
+            keep = accepted
+            seqs = meta.sequences()
             key = "+".join(
                 f"{stream}-{s.intervals[0][0]}-{s.intervals[-1][1]}"
                 for stream, s in sorted(seqs.items())
@@ -285,7 +321,10 @@ class SparkSink:
             token = new_token(key)
             staging = out.staging(token)
             try:
-                self._spark_write(table, staging, tag)
+                if self.writer == "arrow":
+                    write_parquet(table, staging, self.target.partition_by)
+                else:
+                    self._spark_write(table, staging, tag)
             except BaseException as exc:
                 shutil.rmtree(staging, ignore_errors=True)
                 if isinstance(exc, Exception):
@@ -313,16 +352,18 @@ class SparkSink:
         return info
 
     @staticmethod
-    def _not_committed(batch: Batch, ledger: CommitLedger) -> list[Record]:
+    def _not_committed(
+        records: list[Record], meta: BatchMetadata, ledger: CommitLedger
+    ) -> list[Record]:
         """The records the ledger does not hold yet. A batch whose sequence ranges miss every
         committed interval (the usual case) is kept whole without a lookup per record."""
         if not any(
             (committed := ledger.committed.get(stream)) is not None
             and committed.overlaps(first, last)
-            for stream, first, last in batch.ranges
+            for stream, first, last in meta.ranges()
         ):
-            return batch.records
-        return [r for r in batch.records if not ledger.is_committed(r.stream, r.stream_seq)]
+            return records
+        return [r for r in records if not ledger.is_committed(r.stream, r.stream_seq)]
 
     def _spark_write(self, table: pa.Table, staging: Path, tag: str) -> None:
         assert self._tags is not None
@@ -347,8 +388,9 @@ class SparkSink:
         text = str(exc)
         if tag in self._cancelled or "SPARK_JOB_CANCELLED" in text:
             return SparkJobCancelled(f"batch {key}: its Spark job was cancelled; not committed")
+        who = "Arrow" if self.writer == "arrow" else "Spark"
         return SparkWriteError(
-            f"Spark could not write batch {key} to {self.target.describe()}: {first_line(exc)}"
+            f"{who} could not write batch {key} to {self.target.describe()}: {first_line(exc)}"
         )
 
     def _register(self, files: list[str]) -> None:

@@ -66,7 +66,12 @@ async def test_demo_runs_and_checks_its_output(tmp_path: Path) -> None:
         str(p.relative_to(out)) for p in out.glob("day=*/*.parquet")
     )
 
-    # A second run replaces the first one's output (its own), and checks again.
-    code, stdout, stderr = await _demo(out, "--messages", "500")
+    # A second run replaces the first one's output (its own), and checks again; this time
+    # Arrow's writer writes the files (--writer arrow), Spark still reads them back.
+    code, stdout, stderr = await _demo(out, "--messages", "500", "--writer", "arrow")
     assert code == 0, stdout + stderr
     assert _summary(stdout)["rows"] == "500"
+    assert "OK: every order exactly once" in stdout
+    assert sorted(pq.read_table(out, columns=["order_id"]).column(0).to_pylist()) == list(
+        range(1, 501)
+    )

@@ -69,6 +69,12 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_BATCH,
         help=f"records per Spark write (at most; {DEFAULT_BATCH})",
     )
+    parser.add_argument(
+        "--writer",
+        choices=["spark", "arrow"],
+        default="spark",
+        help="how the sink writes each batch: a Spark job (default) or Arrow's parquet writer",
+    )
     parser.set_defaults(func=command)
 
 
@@ -83,12 +89,15 @@ def command(args: argparse.Namespace) -> int:
     from headrace.cli.run import _leaf, _one_line
     from headrace.errors import HeadraceError, NoServersError
     from headrace.localserver import LocalServerError
+    from headrace.pipeline import restore_gc, tune_gc
 
     problem = job.environment_problem()
     if problem is not None:
         print(f"headrace demo: {problem}", file=sys.stderr)
         return 2
     out = args.out.resolve()
+    # The collector settings for streaming (gc_tuning.py), put back for in-process callers.
+    gc_settings = tune_gc()
     try:
         result = trio.run(
             lambda: job.demo(
@@ -97,6 +106,7 @@ def command(args: argparse.Namespace) -> int:
                 out=out,
                 spark_master=args.spark_master,
                 batch=args.batch,
+                writer=args.writer,
             )
         )
     except KeyboardInterrupt:
@@ -114,5 +124,7 @@ def command(args: argparse.Namespace) -> int:
             print(f"headrace demo: {_one_line(error)}", file=sys.stderr)
             return 2
         raise
+    finally:
+        restore_gc(gc_settings)
     print(job.summary(result, out))
     return 0 if result.ok else 1
