@@ -94,6 +94,9 @@ class SparkSink:
     Session: ``spark`` (yours; never stopped by the sink), else one started on ``master``
     (``local[*]``, a cluster URL, or ``sc://`` for Spark Connect) with ``conf`` over quiet,
     fast-starting defaults; ``hive=True`` with ``warehouse`` for a Hive catalog.
+
+    ``writer``: ``"spark"`` (a Spark job per batch) or ``"arrow"`` (Arrow's parquet writer, for
+    ``path=`` without ``transform``; no session needed until ``compact``); see docs/spark.md.
     """
 
     def __init__(
