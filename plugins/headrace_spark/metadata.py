@@ -14,7 +14,7 @@ message's own parse, which accepts v2 and raises the precise error for the rest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -29,25 +29,47 @@ if TYPE_CHECKING:
 #: <consumer seq>.<timestamp>.<pending>``.
 _V1_TOKENS = 9
 _NUMBERS = {"num_delivered": 4, "stream_seq": 5, "consumer_seq": 6, "timestamp_ns": 7}
+_PENDING = 8
 
 
 class BatchMetadata:
-    """The metadata columns of some records: ``stream`` (string) and the int64 columns
-    ``num_delivered``, ``stream_seq``, ``consumer_seq``, ``timestamp_ns``."""
+    """The metadata columns of some records (:meth:`column`): ``stream`` (string) and the
+    int64 columns ``num_delivered``, ``stream_seq``, ``consumer_seq``, ``timestamp_ns``.
 
-    __slots__ = ("columns", "size")
+    After the per-message fallback a column becomes an Arrow array only when asked for, so a
+    number Spark cannot hold (past int64) fails only a batch that writes its column, as it did
+    when each column was made from the messages directly.
+    """
 
-    def __init__(self, columns: dict[str, pa.Array], size: int) -> None:
-        self.columns = columns
+    __slots__ = ("_columns", "_values", "size")
+
+    def __init__(
+        self,
+        columns: dict[str, pa.Array],
+        size: int,
+        values: Mapping[str, Sequence[Any]] | None = None,
+    ) -> None:
+        self._columns = columns
+        self._values = values or {}
         self.size = size
 
     @classmethod
     def of(cls, records: Sequence[Record]) -> BatchMetadata:
         msgs = [r.delivery.msg for r in records]
         columns = _bulk(msgs) if msgs else None
-        if columns is None:
-            columns = _one_by_one(msgs)
-        return cls(columns, len(msgs))
+        if columns is not None:
+            return cls(columns, len(msgs))
+        metas = [m.metadata for m in msgs]  # raises NotAJetStreamMessage / InvalidAckReply
+        values = dict(zip(AckMetadata._fields, zip(*metas, strict=True), strict=False))
+        return cls({}, len(msgs), values)
+
+    def column(self, name: str) -> pa.Array:
+        """The column ``name`` (``stream`` or one of the numbers)."""
+        column = self._columns.get(name)
+        if column is None:
+            kind = pa.string() if name == "stream" else pa.int64()
+            column = self._columns[name] = pa.array(self._values.get(name, ()), kind)
+        return column
 
     def ranges(self) -> list[tuple[str, int, int]]:
         """(stream, first, last) per stream, sorted by stream, like ``Batch.ranges``."""
@@ -60,7 +82,7 @@ class BatchMetadata:
     def _by_stream(self) -> list[tuple[str, SeqSet]]:
         if not self.size:
             return []
-        streams, seqs = self.columns["stream"], self.columns["stream_seq"]
+        streams, seqs = self.column("stream"), self.column("stream_seq")
         names = pc.unique(streams).to_pylist()
         out: list[tuple[str, SeqSet]] = []
         for name in sorted(names):
@@ -99,6 +121,8 @@ def _bulk(msgs: list[Any]) -> dict[str, pa.Array] | None:
         and pc.min(pc.utf8_length(token(3))).as_py() > 0
     ):
         return None
+    if not pc.all(pc.ascii_is_decimal(token(_PENDING))).as_py():
+        return None  # not written, but a reply the per-message parse refuses is refused here
     columns: dict[str, pa.Array] = {"stream": token(2)}
     for name, i in _NUMBERS.items():
         digits = token(i)
@@ -107,14 +131,5 @@ def _bulk(msgs: list[Any]) -> dict[str, pa.Array] | None:
         try:
             columns[name] = pc.cast(digits, pa.int64())
         except pa.ArrowInvalid:
-            return None  # out of int64's range: Python's int takes it, Spark will not
-    return columns
-
-
-def _one_by_one(msgs: list[Any]) -> dict[str, pa.Array]:
-    metas = [m.metadata for m in msgs]  # raises NotAJetStreamMessage / InvalidAckReply
-    fields = dict(zip(AckMetadata._fields, zip(*metas, strict=True), strict=False))
-    columns = {"stream": pa.array(fields.get("stream", ()), pa.string())}
-    for name in _NUMBERS:
-        columns[name] = pa.array(fields.get(name, ()), pa.int64())
+            return None  # past int64: the per-message path keeps it until a column needs it
     return columns

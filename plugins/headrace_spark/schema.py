@@ -130,7 +130,7 @@ def metadata_arrays(
 
     def field(name: str) -> pa.Array:
         assert meta is not None
-        return meta.columns[name]
+        return meta.column(name)
 
     makers: dict[str, Callable[[], pa.Array]] = {
         "subject": lambda: pa.array([m.msg.subject for m in msgs], pa.string()),

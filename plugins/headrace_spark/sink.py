@@ -131,6 +131,11 @@ class SparkSink:
                 "writer='arrow' writes parquet paths (path=); a table needs Spark's catalog, "
                 "so write tables with writer='spark'"
             )
+        if writer == "arrow" and files_per_batch != 1:
+            raise SparkSinkError(
+                "writer='arrow' writes one file per partition of a batch; files_per_batch "
+                "applies to writer='spark'"
+            )
         if writer == "arrow" and transform is not None:
             raise SparkSinkError(
                 "writer='arrow' makes no DataFrame, so it cannot apply transform=; derive the "

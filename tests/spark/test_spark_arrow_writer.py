@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from headrace.pipeline import BatchPolicy
 from headrace.protocol.headers import Headers
@@ -85,7 +86,7 @@ async def test_spark_reads_the_same_default_columns_from_both_writers(
 
 async def test_partition_directories_are_laid_out_as_spark_does(spark: Any, tmp_path: Path) -> None:
     schema = pa.schema([pa.field("region", pa.string()), pa.field("n", pa.int64())])
-    regions = ["eu", "us", "eu", None, "a b/c:d%", "eu"]
+    regions = ["eu", "us", "eu", None, "a b/c:d%", "eu", ""]
 
     def records() -> Any:
         return batch(*(rec(i, {"region": r, "n": i}) for i, r in enumerate(regions, 1)))
@@ -106,7 +107,8 @@ async def test_partition_directories_are_laid_out_as_spark_does(spark: Any, tmp_
         return {r["n"]: r["region"] for r in df.select("n", "region").collect()}
 
     assert regions_read(tmp_path / "arrow") == regions_read(tmp_path / "spark")
-    assert regions_read(tmp_path / "arrow") == dict(enumerate(regions, 1))
+    # Spark keeps an empty partition value as its default partition: null when read back
+    assert regions_read(tmp_path / "arrow") == {i: r or None for i, r in enumerate(regions, 1)}
     only_eu = spark.read.parquet(str(tmp_path / "arrow" / "region=eu"))
     assert "region" not in only_eu.columns  # the partition column is the directory
     assert sorted(r["n"] for r in only_eu.collect()) == [1, 3, 6]
@@ -160,6 +162,8 @@ def test_what_the_arrow_writer_cannot_do_is_refused_at_once(tmp_path: Path) -> N
         SparkSink(tmp_path, writer="arrow", transform=lambda df: df)
     with pytest.raises(SparkSinkError, match=r"writer must be one of \['spark', 'arrow'\]"):
         SparkSink(tmp_path, writer="pandas")
+    with pytest.raises(SparkSinkError, match="one file per partition of a batch"):
+        SparkSink(tmp_path, writer="arrow", files_per_batch=None)
 
 
 async def test_an_unknown_partition_column_fails_at_open(tmp_path: Path) -> None:
@@ -203,3 +207,19 @@ async def test_a_failed_write_is_naked_and_its_messages_written_once(
     assert {json.dumps(r["headers"]) for r in rows if r["stream_seq"] == 7} == {
         json.dumps({"X-Index": ["6"]})
     }
+
+
+async def test_a_batch_may_touch_more_partitions_than_arrow_allows_by_default(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    schema = pa.schema([pa.field("key", pa.string()), pa.field("n", pa.int64())])
+    sink = SparkSink(out, writer="arrow", schema=schema, partition_by="key")
+    await sink.open()
+    n = 1100  # pyarrow's write_dataset refuses more than 1024 partitions unless told
+    await sink.write_batch(batch(*(rec(i, {"key": f"k{i % n:04d}", "n": i}) for i in range(n))))
+    await sink.close()
+    files = data_files(out)
+    assert len(files) == n  # one file per partition
+    assert {f.split("/")[0] for f in files} == {f"key=k{i:04d}" for i in range(n)}
+    assert sorted(pq.read_table(out, columns=["n"]).column("n").to_pylist()) == list(range(n))

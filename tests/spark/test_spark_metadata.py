@@ -32,8 +32,11 @@ def expected(records: list[Record]) -> dict[str, list[Any]]:
     return {name: [getattr(m, name) for m in metas] for name in names}
 
 
+NAMES = ["stream", "num_delivered", "stream_seq", "consumer_seq", "timestamp_ns"]
+
+
 def columns(meta: BatchMetadata) -> dict[str, list[Any]]:
-    return {name: column.to_pylist() for name, column in meta.columns.items()}
+    return {name: meta.column(name).to_pylist() for name in NAMES}
 
 
 names = st.text("abcXYZ_-09", min_size=1, max_size=6)
@@ -56,7 +59,7 @@ def test_the_bulk_parse_equals_each_messages_own(batch_replies: list[str]) -> No
     meta = BatchMetadata.of(records)
     assert meta.size == len(records)
     assert columns(meta) == expected(records)
-    assert all(meta.columns[n].type == pa.int64() for n in meta.columns if n != "stream")
+    assert all(meta.column(n).type == pa.int64() for n in NAMES if n != "stream")
 
 
 V1 = "$JS.ACK.ORDERS.c.1.{seq}.{seq}.1700000000123456789.0"
@@ -70,6 +73,8 @@ V1 = "$JS.ACK.ORDERS.c.1.{seq}.{seq}.1700000000123456789.0"
         ("$JS.ACK..c.1.5.5.17.0", InvalidAckReply),
         ("$JS.NAK.ORDERS.c.1.5.5.17.0", InvalidAckReply),
         ("$JS.ACK.ORDERS.c.1.5.5.17", InvalidAckReply),
+        ("$JS.ACK.ORDERS.c.1.5.5.17.pending", InvalidAckReply),  # not written, still checked
+        ("$JS.ACK.ORDERS.c.1.5.5.17.", InvalidAckReply),
         ("$JS.ACK.ORDERS.c.1.٣.5.17.0", InvalidAckReply),  # a digit, but not an ASCII one
         (None, NotAJetStreamMessage),
     ],
@@ -97,3 +102,12 @@ def test_sequences_and_ranges_per_stream() -> None:
     one_run = BatchMetadata.of([record(V1.format(seq=s)) for s in (4, 2, 3)])
     assert one_run.sequences() == {"ORDERS": SeqSet([(2, 4)])}
     assert BatchMetadata.of([]).ranges() == []
+
+
+def test_a_number_past_int64_fails_only_the_column_that_holds_it() -> None:
+    big = 2**64 - 1  # a valid reply for the per-message parse; Spark has no unsigned longs
+    meta = BatchMetadata.of([record(f"$JS.ACK.ORDERS.c.1.5.5.{big}.0")])
+    assert meta.column("stream_seq").to_pylist() == [5]
+    assert meta.ranges() == [("ORDERS", 5, 5)]
+    with pytest.raises(OverflowError):
+        meta.column("timestamp_ns")

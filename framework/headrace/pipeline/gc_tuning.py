@@ -46,6 +46,8 @@ def tune_gc(full_every: int = FULL_EVERY) -> GcSettings:
 
 
 def restore_gc(settings: GcSettings) -> None:
-    """Put the thresholds back and let the collector see the frozen objects again."""
+    """Put the thresholds back and let the collector see the frozen objects again (all of
+    them: CPython has one permanent generation, so objects the application froze itself
+    before :func:`tune_gc` are unfrozen too)."""
     gc.set_threshold(*settings.thresholds)
     gc.unfreeze()
