@@ -20,10 +20,9 @@ from collections import defaultdict
 from typing import Any
 
 import attrs
-from headrace.sinks.output import DirectoryLock
 
 from headrace_spark.ledger import CommitLedger
-from headrace_spark.output import OutputDir, new_token
+from headrace_spark.output import OutputDir, claim_output, new_token
 from headrace_spark.targets import local_path
 
 
@@ -74,18 +73,11 @@ def compact(
     sink's lock: :class:`~headrace.sinks.errors.OutputInUse` while one is). ``spark``: a session
     to use, else one is started with ``session`` (the arguments of ``start_session``)."""
     from headrace_spark.session import start_session
-    from headrace_spark.sink import LOCK_NAME
 
-    out = OutputDir(local_path(str(path), "path"))
-    out.prepare()
-    lock = DirectoryLock(out.control, LOCK_NAME, "SparkSink")
-    lock.acquire()
+    claimed = claim_output(local_path(str(path), "path"))
     try:
-        ledger = CommitLedger(out.ledger_dir, fsync=out.fsync)
-        ledger.load()
-        out.recover(ledger.files)
         if spark is None:
             spark = start_session(**session)
-        return compact_output(spark, out, ledger, min_files=min_files)
+        return compact_output(spark, claimed.out, claimed.ledger, min_files=min_files)
     finally:
-        lock.release()
+        claimed.lock.release()

@@ -33,9 +33,14 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from headrace.sinks.output import fsync_directory
+import attrs
+from headrace.sinks.output import DirectoryLock, fsync_directory
+
+from headrace_spark.ledger import CommitLedger
 
 CONTROL = "_headrace"
+#: The lock file under the control directory: one sink (or compaction) per output.
+LOCK_NAME = "lock"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_+-]{1,100}$")
 _OURS = re.compile(r"^part-(?P<token>[A-Za-z0-9_+-]+\.[0-9a-f]{8})-(?P<n>\d{5})(?P<ext>\..+)?$")
 PENDING = ".pending"
@@ -208,3 +213,40 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@attrs.frozen(slots=True)
+class ClaimedOutput:
+    """An output directory held by this process: its lock taken, its ledger loaded, a crashed
+    attempt recovered (see :func:`claim_output`)."""
+
+    out: OutputDir
+    lock: DirectoryLock
+    ledger: CommitLedger
+    #: Committed files renamed visible, and files of uncommitted attempts removed.
+    rolled: int
+    removed: int
+    #: Committed files that were gone (deleted outside the sink); the ledger forgets them.
+    missing: list[str]
+
+
+def claim_output(root: Path, *, fsync: bool = True) -> ClaimedOutput:
+    """Take ``root`` for this process, in the order the commit protocol needs: lock first
+    (:class:`~headrace.sinks.errors.OutputInUse` if a sink holds it), then the ledger, then
+    recovery, then the ledger told of committed files that are gone, so that nothing (a
+    compaction, a table's registration) later reads a file that no longer exists. The lock
+    is released if any step fails; otherwise the caller releases it."""
+    out = OutputDir(root, fsync=fsync)
+    out.prepare()
+    lock = DirectoryLock(out.control, LOCK_NAME, "SparkSink")
+    lock.acquire()
+    try:
+        ledger = CommitLedger(out.ledger_dir, fsync=fsync)
+        ledger.load()
+        rolled, removed, missing = out.recover(ledger.files)
+        if missing:
+            ledger.record_compaction([], missing)
+    except BaseException:
+        lock.release()
+        raise
+    return ClaimedOutput(out, lock, ledger, rolled, removed, missing)

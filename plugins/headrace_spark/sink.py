@@ -48,7 +48,7 @@ from headrace_spark.errors import (
 )
 from headrace_spark.ledger import FOLD_AFTER, CommitLedger
 from headrace_spark.metadata import BatchMetadata
-from headrace_spark.output import OutputDir, new_token
+from headrace_spark.output import OutputDir, claim_output, new_token
 from headrace_spark.schema import TableBuilder
 from headrace_spark.session import JobTags, empty_frame, first_line, start_session
 from headrace_spark.targets import ParquetTarget, TableTarget
@@ -56,8 +56,6 @@ from headrace_spark.targets import ParquetTarget, TableTarget
 if TYPE_CHECKING:
     from headrace.pipeline.batch import Batch
     from headrace.pipeline.record import Record
-
-LOCK_NAME = "lock"
 
 #: How a batch's table becomes files: a Spark job (``createDataFrame(table).write``), or
 #: Arrow's parquet writer for parquet paths (arrow_writer.py; no JVM work per batch).
@@ -251,24 +249,19 @@ class SparkSink:
                     template = self.transform(template)
                 self._check_partitions(list(template.columns))
                 root = self.target.location(spark, template)
-            out = OutputDir(root, fsync=self.fsync)
-            out.prepare()
-            lock = DirectoryLock(out.control, LOCK_NAME, "SparkSink")
-            lock.acquire()
+            claimed = claim_output(root, fsync=self.fsync)
+            out, ledger, lock = claimed.out, claimed.ledger, claimed.lock
             try:
-                ledger = CommitLedger(out.ledger_dir, fsync=self.fsync)
-                ledger.load()
-                rolled, removed, missing = out.recover(ledger.files)
-                if missing:
-                    ledger.record_compaction([], missing)
+                if claimed.missing:
                     warnings.warn(
-                        f"{self!r}: {len(missing)} committed data files were deleted outside "
-                        f"the sink (for example {missing[0]}); their rows are gone, and their "
-                        "sequences stay committed (a redelivery does not bring them back)",
+                        f"{self!r}: {len(claimed.missing)} committed data files were deleted "
+                        f"outside the sink (for example {claimed.missing[0]}); their rows are "
+                        "gone, and their sequences stay committed (a redelivery does not bring "
+                        "them back)",
                         RuntimeWarning,
                         stacklevel=1,
                     )
-                if rolled:
+                if claimed.rolled:
                     self._register(sorted(ledger.files))
                 if ledger.entries >= FOLD_AFTER:
                     ledger.fold()
@@ -276,7 +269,7 @@ class SparkSink:
                 lock.release()
                 raise
             self._out, self._ledger, self._lock = out, ledger, lock
-            self.recovered_rolled, self.recovered_removed = rolled, removed
+            self.recovered_rolled, self.recovered_removed = claimed.rolled, claimed.removed
             self.batches_committed = self.rows_written = self.duplicates_skipped = 0
             self.records_rejected = 0
 

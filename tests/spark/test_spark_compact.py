@@ -130,3 +130,19 @@ async def test_compact_a_closed_output_by_path(spark: Any, out: Path) -> None:
     assert reopened.duplicates_skipped == 3
     await reopened.close()
     assert stream_seqs(spark, out) == [1, 2, 3, 4]
+
+
+async def test_compact_by_path_after_a_committed_file_was_deleted(spark: Any, out: Path) -> None:
+    """The ledger forgets a committed file that is gone before compacting, as the sink's
+    open does: compaction rewrites what is there instead of failing on the missing file."""
+    sink = SparkSink(out, spark=spark)
+    await sink.open()
+    for n in range(1, 5):
+        await sink.write_batch(seqs(n))
+    await sink.close()
+    (out / data_files(out)[0]).unlink()
+
+    report = compact(out, spark=spark, min_files=2)
+    assert report == CompactionReport(1, 3, 1)
+    assert len(data_files(out)) == 1
+    assert len(stream_seqs(spark, out)) == 3
