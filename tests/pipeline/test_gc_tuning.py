@@ -43,8 +43,12 @@ def test_cycles_made_while_tuned_are_still_collected(untouched: tuple[int, ...])
         a.other, b.other = b, a
         gone = weakref.ref(a)
         del a, b
-        gc.collect(1)  # a young collection, the kind tune_gc leaves at its pace
+        # No explicit collect: allocating past the young threshold must trigger the young
+        # collection that frees the cycle, as it would without tune_gc.
+        young = gc.get_threshold()[0]
+        kept = [[] for _ in range(4 * young)]
         assert gone() is None
+        del kept
     finally:
         restore_gc(settings)
 
