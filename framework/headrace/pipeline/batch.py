@@ -30,11 +30,11 @@ class BatchPolicy:
     max_age: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
 
 
-def stream_sequences(records: list[Record]) -> dict[str, list[int]]:
+def _stream_sequences(records: list[Record]) -> dict[str, list[int]]:
     """The stream sequences of ``records``, by stream, in record order.
 
-    Sinks and batches ask this of every record of every batch: one pass gathers the messages'
-    metadata, and a batch from one stream (the usual case) needs no per-record grouping.
+    Every batch's ranges come from this (sinks ask for them on every commit): one pass gathers
+    the messages' metadata, and a batch from one stream (the usual case) needs no grouping.
     """
     metas = [record.delivery.msg.metadata for record in records]
     streams = {meta.stream for meta in metas}
@@ -71,7 +71,7 @@ class Batch:
         if self._ranges is None:
             self._ranges = [
                 (stream, min(seqs), max(seqs))
-                for stream, seqs in sorted(stream_sequences(self.records).items())
+                for stream, seqs in sorted(_stream_sequences(self.records).items())
             ]
         return self._ranges
 
