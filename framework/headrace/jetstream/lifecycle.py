@@ -55,6 +55,9 @@ class _End:
     deadline: float
     done: trio.Event
     result: list[BaseException | None]
+    #: Set by whoever carries the request out: the actor, or the caller when the actor ended
+    #: without taking it.
+    taken: list[bool] = attrs.field(factory=lambda: [False])
 
 
 class ConsumerLifecycle(Actor[_End]):
@@ -134,13 +137,26 @@ class ConsumerLifecycle(Actor[_End]):
             # for the first instead of queueing a request nobody would take.
             request = _End(drain, trio.current_time() + timeout, trio.Event(), [None])
             self._request = request
-            await self.send(request)
+            with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                await self.send(request)  # closed: the actor has ended, see below
+        await _either(request.done, self._done)
+        if not request.done.is_set() and not request.taken[0]:
+            # The actor ended without taking the request: cancelled together with the code it
+            # serves, which then ends the subscription from a shielded scope (the request may
+            # even sit in the inbox, sent after the cancellation but before the actor saw it).
+            # Carry it out here rather than wait for an actor that is gone.
+            request.taken[0] = True
+            try:
+                request.result[0] = await self._end(request)
+            finally:
+                request.done.set()
         await request.done.wait()
         if request.result[0] is not None:
             raise request.result[0]
 
     async def run(self) -> None:
         request = await self.inbox.receive()
+        request.taken[0] = True
         try:
             self.state = ActorState.DRAINING if request.drain else self.state
             request.result[0] = await self._end(request)
@@ -170,3 +186,15 @@ class ConsumerLifecycle(Actor[_End]):
                 return None
             return exc
         return None
+
+
+async def _either(first: trio.Event, second: trio.Event) -> None:
+    """Return once either event is set."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(wait, first)
+        nursery.start_soon(wait, second)
