@@ -73,9 +73,13 @@ def tls_files() -> Iterator[TLSFiles]:
         yield files
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Spark tests share one JVM (one SparkSession per test session, tests/spark/conftest.py):
-    under xdist they all go to one worker (``--dist loadgroup``), the others spread as usual."""
+    under xdist they all go to one worker (``--dist loadgroup``), the others spread as usual.
+    ``tryfirst``: xdist's worker reads the group marks in its own hook of this name, which
+    pluggy would otherwise call before this one (the marks came too late, and the Spark tests
+    were spread over every worker, a JVM each)."""
     for item in items:
         if item.get_closest_marker("spark") is not None:
             item.add_marker(pytest.mark.xdist_group("spark"))
