@@ -309,12 +309,14 @@ async def test_an_end_requested_as_the_actors_are_cancelled_is_still_carried_out
     shielded scope while its actors, cancelled too, have not run yet. The lifecycle actor dies
     without taking the request, so the caller carries it out (it used to wait forever: a CI run
     hung on a checkpoints test this way)."""
-    with trio.CancelScope() as outer:
-        with pytest.raises(RuntimeError, match="fails as its scope is cancelled"):
-            async with js.subscribe("s.x") as sub:
-                consumer = sub.consumer
-                assert await names(js) == [consumer]
-                outer.cancel()
-                raise RuntimeError("the block fails as its scope is cancelled")
+    with (
+        trio.CancelScope() as outer,
+        pytest.raises(RuntimeError, match="fails as its scope is cancelled"),
+    ):
+        async with js.subscribe("s.x") as sub:
+            consumer = sub.consumer
+            assert await names(js) == [consumer]
+            outer.cancel()
+            raise RuntimeError("the block fails as its scope is cancelled")
     assert sub.lifecycle.deleted
     assert await names(js) == []
