@@ -3,9 +3,10 @@
 ``SparkSink(writer="arrow")`` takes this path instead of ``createDataFrame(table).write``: the
 same table, the same staging directory, ledger and commit, but no Spark job. Why it exists: on
 a small machine the JVM's side of a Spark write (Arrow batches turned into rows, then back into
-parquet columns) costs about 1.3 CPU-seconds per 100k rows of the default columns, which is
-more than the whole Python pipeline spends reading, parsing and acking them; Arrow writes the
-same table in about 0.1 s and releases the GIL while it does. ``bench e2e`` reports both.
+parquet columns) costs about 0.65 CPU-seconds per 100k rows of the default columns (1.3 with
+Spark's default Arrow threshold), about what the whole Python pipeline spends reading, parsing
+and acking them; Arrow writes the same table in about 0.1 s and releases the GIL while it does.
+``bench e2e`` reports both.
 
 What Spark reads back is the same: the columns and their Spark types (``map<string,
 array<string>>`` headers, UTC ``timestamp``), Hive-style ``col=value`` partition directories
