@@ -149,6 +149,11 @@ def metadata_arrays(
 #: Columns taken from the message itself; the others come from its delivery metadata.
 _FROM_MESSAGE = frozenset({"subject", "data", "headers"})
 
+#: Metadata columns whose values (almost) never repeat within a batch: sequence numbers and
+#: the stream's timestamps. A parquet dictionary for them only grows until the writer gives up
+#: on it and re-encodes the column; the sink writes them without one (see ``unique_columns``).
+UNIQUE_METADATA = ("stream_seq", "consumer_seq", "timestamp")
+
 
 def metadata_names(keep: bool | Sequence[str]) -> tuple[str, ...]:
     """The metadata columns ``keep_metadata`` asks for: all (True), none (False), or those
@@ -236,6 +241,11 @@ class TableBuilder:
                     )
                 arrow = pa.schema([*arrow, *meta])
         object.__setattr__(self, "arrow_schema", arrow)
+
+    @property
+    def unique_columns(self) -> tuple[str, ...]:
+        """The written names of the :data:`UNIQUE_METADATA` columns this table has."""
+        return tuple(self.metadata_prefix + n for n in self._meta if n in UNIQUE_METADATA)
 
     def build(self, records: Sequence[Record], meta: BatchMetadata | None = None) -> pa.Table:
         """The table of ``records``; :class:`SparkSchemaError` for the first that does not fit

@@ -135,6 +135,53 @@ async def test_metadata_prefix_without_a_schema_renames_the_default_columns(
     assert sorted(r["nats_stream_seq"] for r in df.collect()) == [1, 2]
 
 
+def dictionary_encoded(out: Path) -> dict[str, bool]:
+    """Per top-level column of the written files, whether any chunk has a dictionary page."""
+    import pyarrow.parquet as pq
+
+    found: dict[str, bool] = {}
+    for name in data_files(out):
+        meta = pq.ParquetFile(out / name).metadata
+        for g in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                chunk = meta.row_group(g).column(c)
+                top = chunk.path_in_schema.split(".")[0]
+                found[top] = found.get(top, False) or chunk.has_dictionary_page
+    return found
+
+
+@pytest.mark.parametrize("prefix", ["", "nats_"])
+async def test_the_sequences_and_timestamp_are_written_without_a_dictionary(
+    spark: Any, tmp_path: Path, prefix: str
+) -> None:
+    """Their values never repeat: a dictionary only costs the writer and grows the file. The
+    columns whose values do repeat keep Spark's default."""
+    out = tmp_path / "out"
+    sink = SparkSink(out, spark=spark, metadata_prefix=prefix)
+    await sink.open()
+    await sink.write_batch(batch(*(rec(seq, ts=TS + seq * 1000) for seq in range(1, 201))))
+    await sink.close()
+    encoded = dictionary_encoded(out)
+    assert len(encoded) == 8
+    for name in ("stream_seq", "consumer_seq", "timestamp"):
+        assert encoded[prefix + name] is False, name
+    for name in ("subject", "stream", "num_delivered"):
+        assert encoded[prefix + name] is True, name
+    assert sorted(r[prefix + "stream_seq"] for r in read_rows(spark, out)) == list(range(1, 201))
+
+
+async def test_a_transform_that_drops_a_sequence_column_still_writes(
+    spark: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    sink = SparkSink(out, spark=spark, transform=lambda df: df.drop("consumer_seq", "timestamp"))
+    await sink.open()
+    await sink.write_batch(batch(rec(1), rec(2)))
+    await sink.close()
+    assert "consumer_seq" not in dictionary_encoded(out)
+    assert sorted(r["stream_seq"] for r in read_rows(spark, out)) == [1, 2]
+
+
 # -- declared schemas --------------------------------------------------------------------------
 
 
