@@ -272,12 +272,13 @@ async def test_drain_reads_exactly_what_one_request_brought(nats_server, natspy)
 
 async def test_idle_consume_renews_expired_requests_silently(nats_server):
     """Requests expire (408) and heartbeats arrive (100) on an idle consumer: neither reaches
-    the user nor raises an event; a fresh request is in place when messages come."""
+    the user nor raises an event; a fresh request is in place when messages come. (Heartbeats
+    every 0.5 s, alarm at 1 s: a loaded machine's stall must not look like missed ones.)"""
     async with connect(nats_server.url, **FAST) as nc:
         js = JetStream(nc)
         consumer = await setup_pull(js)
-        with trio.fail_after(10):
-            opts = {"max_messages": 10, "expires": 1, "idle_heartbeat": 0.25}
+        with trio.fail_after(15):
+            opts = {"max_messages": 10, "expires": 2, "idle_heartbeat": 0.5}
             async with consumer.consume(**opts) as messages, trio.open_nursery() as nursery:
                 log = EventLog(messages.events())
                 nursery.start_soon(log.run)
@@ -310,7 +311,8 @@ async def test_consume_waits_out_a_full_max_waiting_without_a_tight_loop(nats_se
         inbox = holder.new_inbox()
         held = await holder.subscribe(inbox)
         await holder.publish(
-            "$JS.API.CONSUMER.MSG.NEXT.S.C", b'{"batch":1,"expires":900000000}', reply=inbox
+            # 2 s: the consume's first request must reach the server while the slot is held.
+            "$JS.API.CONSUMER.MSG.NEXT.S.C", b'{"batch":1,"expires":2000000000}', reply=inbox
         )
         await poll_consumer(natspy, lambda i: i.num_waiting == 1)
         opts = {"max_messages": 5, "expires": 1, "idle_heartbeat": 0.2}
