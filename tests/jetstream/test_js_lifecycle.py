@@ -257,7 +257,7 @@ async def test_drain_deadline_with_never_acked_messages(js):
         with trio.fail_after(5):
             await sub.drain(timeout=0.5)
         took = trio.current_time() - start
-        assert 0.5 <= took < 1.5
+        assert 0.5 <= took < 3
         assert sub.lifecycle.deleted  # it gave up waiting, then deleted what it created
         assert await names(js) == []
 

@@ -61,7 +61,7 @@ async def test_fetch_returns_exactly_the_batch_when_available(nats_server, natsp
         first = await consumer.fetch(4, expires=5)
         second = await consumer.fetch(4, expires=5)
         # A full batch ends the request at once, long before it expires.
-        assert trio.current_time() - start < 1
+        assert trio.current_time() - start < 3  # expires is 5 s
         assert [seq_of(m) for m in first] == [1, 2, 3, 4]
         assert [seq_of(m) for m in second] == [5, 6, 7, 8]
         assert [m.data for m in first] == [b"0", b"1", b"2", b"3"]
@@ -96,11 +96,11 @@ async def test_fetch_no_wait(nats_server):
         consumer = await setup_pull(js)
         start = trio.current_time()
         assert await consumer.fetch(5, no_wait=True) == []  # the 404 is not surfaced
-        assert trio.current_time() - start < 0.5
+        assert trio.current_time() - start < 2  # no wait for an expiry
         await publish_n(js, 3)
         start = trio.current_time()
         batch = await consumer.fetch(5, no_wait=True)
-        assert trio.current_time() - start < 0.5
+        assert trio.current_time() - start < 2  # no wait for an expiry
         assert [seq_of(m) for m in batch] == [1, 2, 3]
         assert_user_msgs(batch)
 
@@ -122,7 +122,7 @@ async def _exact_byte_budget(nats_server, subject: str) -> None:
         start = trio.current_time()
         got = await budget2.fetch(max_bytes=budget, expires=5)
         # The server ends the request (409 Message Size Exceeds MaxBytes) at once.
-        assert trio.current_time() - start < 1
+        assert trio.current_time() - start < 3  # expires is 5 s
         assert [seq_of(m) for m in got] == [1, 2, 3]
         assert [m.size for m in got] == sizes[:3]
         assert_user_msgs(got)
@@ -192,7 +192,7 @@ async def test_fetch_from_a_consumer_deleted_while_waiting_raises_consumer_delet
             await poll_consumer(natspy, lambda i: i.num_waiting == 1)
             start = trio.current_time()
             await js.delete_consumer("S", "C")
-        assert trio.current_time() - start < 1  # the 409 ended it, not the expiry
+        assert trio.current_time() - start < 3  # the 409 ended it, not the expiry
         assert len(outcome) == 1
         error = outcome[0]
         assert error.status == 409 and error.description == "Consumer Deleted"
@@ -212,7 +212,7 @@ async def test_fetch_from_a_missing_consumer(nats_server):
         start = trio.current_time()
         with pytest.raises(ConsumerNotFound) as caught:
             await consumer.fetch(5, expires=5)
-        assert trio.current_time() - start < 1
+        assert trio.current_time() - start < 3  # expires is 5 s
         cause = caught.value.__cause__
         assert isinstance(cause, NoRespondersError)
         assert cause.subject == "$JS.API.CONSUMER.MSG.NEXT.S.C"
@@ -233,7 +233,7 @@ async def test_pull_handle_on_a_push_consumer_is_refused(nats_server):
         start = trio.current_time()
         with pytest.raises(ConsumerIsPushBased) as caught:
             await handle.fetch(1, expires=5)
-        assert trio.current_time() - start < 1
+        assert trio.current_time() - start < 3  # expires is 5 s
         assert caught.value.status == 409
 
 

@@ -597,22 +597,22 @@ async def test_fetch_heartbeats_keep_it_alive_and_silence_ends_it():
             nursery.start_soon(lambda: _collect(consumer, result))
             req = await fake.request(0)
             start = trio.current_time()
-            for _ in range(4):  # 0.6 s of heartbeats every 0.15 s; the alarm would be 0.4 s
+            for _ in range(8):  # 1.2 s of heartbeats every 0.15 s; the alarm would be 0.6 s
                 await trio.sleep(0.15)
                 await fake.send_status(req, 100, "Idle Heartbeat")
             await fake.send_msgs(req, 1)
         assert len(result[0]) == 1
-        assert trio.current_time() - start >= 0.6
+        assert trio.current_time() - start >= 1.2
         # Now a server that says nothing: two missed heartbeats end the fetch, early.
         result.clear()
         start = trio.current_time()
         await _collect(consumer, result)
         assert result == [[]]
-        assert 0.4 <= trio.current_time() - start < 1.0
+        assert 0.6 <= trio.current_time() - start < 2.5  # not the expiry (3 s)
 
 
 async def _collect(consumer: PullConsumer, result: list[Any]) -> None:
-    result.append(await consumer.fetch(1, expires=3, idle_heartbeat=0.2))
+    result.append(await consumer.fetch(1, expires=3, idle_heartbeat=0.3))
 
 
 @pytest.mark.slow
@@ -623,5 +623,5 @@ async def test_fetch_gives_up_on_the_client_a_little_after_expires():
         start = trio.current_time()
         assert await consumer.fetch(3, expires=0.2) == []
         elapsed = trio.current_time() - start
-        assert 0.2 + CLIENT_MARGIN <= elapsed < 0.2 + CLIENT_MARGIN + 0.5
+        assert 0.2 + CLIENT_MARGIN <= elapsed < 0.2 + CLIENT_MARGIN + 1.0
         assert len(fake.requests) == 1

@@ -151,7 +151,7 @@ async def test_review2_ack_policy_all_drain_does_not_wait_out_its_timeout(js):
         start = trio.current_time()
         await sub.drain(timeout=3)
         took = trio.current_time() - start
-    assert took < 1.5, f"drain waited {took:.1f}s for acks the server already has"
+    assert took < 2.5, f"drain waited {took:.1f}s for acks the server already has"
 
 
 # 6. ordered consumer recreated before it handed out anything restarts at stream seq 1,
