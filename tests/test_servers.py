@@ -451,7 +451,16 @@ def test_cluster_routing_and_connect_urls(nats_cluster: NatsCluster) -> None:
 
             js = nc2.jetstream()
             await js.add_stream(name="R3", subjects=["r3.>"], num_replicas=3)
-            ack = await js.publish("r3.x", b"replicated")
+            # The stream's subjects reach the other nodes asynchronously too: retry the first
+            # publish (its message id keeps a stored retry from counting twice).
+            while True:
+                try:
+                    ack = await js.publish(
+                        "r3.x", b"replicated", headers={"Nats-Msg-Id": "r3-first"}
+                    )
+                    break
+                except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                    await asyncio.sleep(0.05)  # retry pacing, not a wait
             assert ack.seq == 1
             info = await nc0.jetstream().stream_info("R3")
             assert info.cluster is not None

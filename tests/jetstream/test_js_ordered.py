@@ -249,7 +249,16 @@ async def test_survives_a_cluster_node_kill(nats_cluster):
     async with connect(nats_cluster.urls, **FAST) as nc:
         js = JetStream(nc)
         await js.add_stream(StreamConfig(name="S", subjects=["s.>"], num_replicas=3))
-        await publish(js, 0, 100)
+        # The stream's subjects reach the other nodes over the routes in their own time:
+        # the first publish is retried until one is stored (a message id keeps it once).
+        with trio.fail_after(10):
+            while True:
+                try:
+                    await js.publish("s.x", b"0", msg_id="m0")
+                    break
+                except (JetStreamError, RequestTimeout):
+                    await trio.sleep(0.05)  # retry pacing, not a wait
+        await publish(js, 1, 99)
         cfg = ConsumerConfig(idle_heartbeat=0.2)
         async with js.subscribe("s.x", ordered=True, config=cfg) as sub:
             with sub.events() as events:
