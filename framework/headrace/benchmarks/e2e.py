@@ -23,10 +23,9 @@ Before its clock starts each process starts its session (timed separately: ``ses
 runs the same warm-up (``warmup_s``): a few small writes through both the Arrow and the Row path,
 so that the JVM's class loading and first JIT compilations are charged to neither. Then each
 calls ``headrace.pipeline.tune_gc()`` (what the ``headrace`` commands do; the naive loop gets it
-too, so
-the ratio is the code's and not the collector settings'). The clock
-runs from the start of the pipeline (the first pull) to the last ack being out: for headrace the
-pipeline's drain, which flushes its acks; for nats-py a flush after the last ack.
+too, so the ratio is the code's and not the collector settings'). The clock runs from the start
+of the pipeline (the first pull) to the last ack being out: for headrace the pipeline's drain,
+which flushes its acks; for nats-py a flush after the last ack.
 
 Afterwards each process checks, off the clock, with Spark's own reader: the output holds N rows
 and N distinct stream sequences; and with the server: the consumer's ack floor is N, nothing
