@@ -41,7 +41,7 @@ class BatchMetadata:
     when each column was made from the messages directly.
     """
 
-    __slots__ = ("_columns", "_values", "size")
+    __slots__ = ("_by_stream_cache", "_columns", "_values", "size")
 
     def __init__(
         self,
@@ -52,6 +52,7 @@ class BatchMetadata:
         self._columns = columns
         self._values = values or {}
         self.size = size
+        self._by_stream_cache: list[tuple[str, SeqSet]] | None = None
 
     @classmethod
     def of(cls, records: Sequence[Record]) -> BatchMetadata:
@@ -80,15 +81,18 @@ class BatchMetadata:
         return dict(self._by_stream())
 
     def _by_stream(self) -> list[tuple[str, SeqSet]]:
-        if not self.size:
-            return []
-        streams, seqs = self.column("stream"), self.column("stream_seq")
-        names = pc.unique(streams).to_pylist()
-        out: list[tuple[str, SeqSet]] = []
-        for name in sorted(names):
-            mine = seqs if len(names) == 1 else seqs.filter(pc.equal(streams, name))
-            out.append((name, _seq_set(mine)))
-        return out
+        """Computed once: the sink asks for the ranges (the ledger check) and then for the
+        sequences (the commit entry) of the same records."""
+        if self._by_stream_cache is None:
+            out: list[tuple[str, SeqSet]] = []
+            if self.size:
+                streams, seqs = self.column("stream"), self.column("stream_seq")
+                names = pc.unique(streams).to_pylist()
+                for name in sorted(names):
+                    mine = seqs if len(names) == 1 else seqs.filter(pc.equal(streams, name))
+                    out.append((name, _seq_set(mine)))
+            self._by_stream_cache = out
+        return self._by_stream_cache
 
 
 def _seq_set(seqs: pa.Array) -> SeqSet:
