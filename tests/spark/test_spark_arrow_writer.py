@@ -193,7 +193,8 @@ async def test_a_failed_write_is_naked_and_its_messages_written_once(
         await publish(natspy, n, headers=lambda i: {"X-Index": str(i)})
         await wait_stats(lambda: run.stats.batches_failed > 0, what="a failed batch")
         staging.unlink()
-        staging.mkdir()
+        # A retry may already have made it again (the sink creates what it stages into).
+        staging.mkdir(exist_ok=True)
         info = await wait_consumer(natspy, all_acked(n), timeout=60)
         error = run.errors[0].error
         assert isinstance(error, SparkWriteError)
