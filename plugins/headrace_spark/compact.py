@@ -10,6 +10,12 @@ the other. Readers listing the directory in the instant between the rename and t
 both: run compaction when no reader needs an exact count at that moment (nightly, for example).
 
 The committed sequences do not change, so duplicates stay impossible after compaction.
+
+An output shared by workers (``commits="shared"``) is compacted by one of them at a time: the
+compacting worker takes a lease in the shared commit state (:func:`compact_shared`), commits
+each replacement there (the new file, and the files it replaces), then renames the new file into
+place and deletes the old ones. A worker killed in between leaves a committed replacement that
+any worker's sweep finishes; a compaction that outlived its lease is refused at its commit.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from collections import defaultdict
 from typing import Any
 
 import attrs
+import trio
+from headrace.commits.identity import Attempt, now_ms
+from headrace.sinks.errors import OutputInUse
 
 from headrace_spark.ledger import CommitLedger
-from headrace_spark.output import OutputDir, claim_output, new_token
+from headrace_spark.output import OutputDir, claim_output, name_staged, new_token
 from headrace_spark.targets import local_path
 
 
@@ -64,6 +73,83 @@ def compact_output(
         after += len(added)
     ledger.fold()
     return CompactionReport(directories, before, after)
+
+
+#: How long a compaction's lease lasts without renewal (renewed for each directory).
+LEASE_SECONDS = 600.0
+
+
+async def compact_shared(sink: Any, shared: Any, *, min_files: int = 8) -> CompactionReport:
+    """Compact a shared output from a worker writing it (``SparkSink.compact`` in shared mode):
+    the data files published in each directory holding ``min_files`` or more become one. Raises
+    :class:`~headrace.sinks.errors.OutputInUse` while another worker holds the lease."""
+    from headrace_spark.shared import DATA_FILE
+
+    if min_files < 2:
+        raise ValueError(f"min_files must be at least 2, not {min_files}")
+    coordinator, output = shared.coordinator, shared.output
+    worker = coordinator.worker
+    lease = Attempt.new("lease").token
+
+    def take(state: Any) -> Any:
+        taken = state.take_lease(worker, lease, now_ms() + int(LEASE_SECONDS * 1000), now_ms())
+        return state if taken is None else taken
+
+    def run_sync(fn: Any, *args: Any) -> Any:
+        return trio.to_thread.run_sync(fn, *args, limiter=shared.limiter)
+
+    async with shared._lock:
+        state = await coordinator.change(take)
+        if state.lease is None or state.lease.token != lease:
+            held = state.lease
+            raise OutputInUse(
+                f"{output.root} is being compacted by worker {held.worker if held else '?'}; "
+                "try again later"
+            )
+        try:
+            files = await run_sync(lambda: sorted(output.data_files(DATA_FILE)))
+            by_directory: dict[str, list[str]] = defaultdict(list)
+            for relative in files:
+                by_directory[relative.rpartition("/")[0]].append(relative)
+            directories = before = after = 0
+            for directory, olds in sorted(by_directory.items()):
+                if len(olds) < min_files:
+                    continue
+                attempt = Attempt.new("compact")
+                added = await run_sync(
+                    _stage_directory, sink.spark, output, attempt, directory, olds
+                )
+                await coordinator.change(
+                    lambda s, a=attempt, o=olds: s.commit_compaction(
+                        a, worker, o, at=now_ms(), lease=lease
+                    )
+                )
+                await run_sync(output.publish, attempt.token, olds)
+                await coordinator.change(lambda s, a=attempt: take(s.forget([a.token])))
+                directories += 1
+                before += len(olds)
+                after += len(added)
+        finally:
+            with trio.CancelScope(shield=True):
+                await coordinator.change(lambda s: s.release_lease(lease))
+    return CompactionReport(directories, before, after)
+
+
+def _stage_directory(
+    spark: Any, output: Any, attempt: Attempt, directory: str, files: list[str]
+) -> list[str]:
+    """One directory's files rewritten as one, staged as ``attempt`` at its final path."""
+    staging = output.staging(attempt)
+    target = staging / directory if directory else staging
+    try:
+        frame = spark.read.parquet(*[str(output.root / f) for f in files])
+        frame.coalesce(1).write.format("parquet").mode("error").save(str(target))
+        added: list[str] = name_staged(staging, attempt.token)
+        output.sync_staged(attempt)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return added
 
 
 def compact(

@@ -14,6 +14,7 @@ message's own parse, which accepts v2 and raises the precise error for the rest.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from headrace.jetstream.ack_reply import AckMetadata
 from headrace.sinks.output import SeqSet
 
 if TYPE_CHECKING:
+    from headrace.pipeline.batch import Batch
     from headrace.pipeline.record import Record
 
 #: Token positions of the v1 reply ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
@@ -93,6 +95,29 @@ class BatchMetadata:
                     out.append((name, _seq_set(mine)))
             self._by_stream_cache = out
         return self._by_stream_cache
+
+
+def once_per_message(batch: Batch) -> tuple[list[Record], BatchMetadata, int, bool]:
+    """The batch's records without those of a second delivery of a message it already holds
+    (the first delivery's are kept), their metadata, how many were left out, and whether the
+    batch holds redeliveries. The usual batch is checked in bulk (distinct messages against
+    distinct deliveries); records are looked at one by one only when the two differ."""
+    records = batch.records
+    meta = BatchMetadata.of(records)
+    if not records:
+        return records, meta, 0, False
+    redelivered = bool(pc.max(meta.column("num_delivered")).as_py() > 1)
+    messages = sum(len(s) for s in meta.sequences().values())
+    deliveries = len(set(map(operator.attrgetter("delivery"), records)))
+    if messages == deliveries:
+        return records, meta, 0, redelivered
+    first: dict[tuple[str, int], object] = {}
+    kept: list[Record] = []
+    for record in records:
+        owner = first.setdefault((record.stream, record.stream_seq), record.delivery)
+        if owner is record.delivery:
+            kept.append(record)
+    return kept, BatchMetadata.of(kept), len(records) - len(kept), redelivered
 
 
 def _seq_set(seqs: pa.Array) -> SeqSet:

@@ -34,7 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
-from headrace.sinks.output import DirectoryLock, fsync_directory
+from headrace.sinks.errors import OutputInUse
+from headrace.sinks.output import DirectoryLock, fsync_file, fsync_tree
+from headrace.sinks.shared_output import MANIFEST
 
 from headrace_spark.ledger import CommitLedger
 
@@ -56,6 +58,24 @@ def batch_id(key: str) -> str:
 
 def new_token(batch: str) -> str:
     return f"{batch_id(batch)}.{secrets.token_hex(4)}"
+
+
+def name_staged(staging: Path, token: str) -> list[str]:
+    """Give the data files Spark (or Arrow) wrote under ``staging`` the names they will have in
+    the output (``part-<token>-00000.snappy.parquet``, in the same partition directories) and
+    delete the rest (``_SUCCESS``, ``.crc`` checksums): the staged attempt of a shared output
+    (headrace.sinks.shared_output) then holds exactly the files to publish. Their final paths,
+    relative to the output."""
+    named: list[str] = []
+    for n, (staged_dir, source) in enumerate(sorted(OutputDir._staged_files(staging))):
+        name = f"part-{token}-{n:05d}{_extension(source.name)}"
+        os.rename(source, source.with_name(name))
+        named.append(f"{staged_dir}/{name}" if staged_dir else name)
+    for directory, _dirs, names in os.walk(staging):
+        for name in names:
+            if name.startswith(("_", ".")):
+                os.unlink(os.path.join(directory, name))
+    return named
 
 
 def hidden(relative: str) -> str:
@@ -103,7 +123,7 @@ class OutputDir:
             target = self.root / hidden(final)
             target.parent.mkdir(parents=True, exist_ok=True)
             if self.fsync:
-                _fsync_file(source)
+                fsync_file(source)
             os.rename(source, target)
             directories.add(target.parent)
             placed.append(final)
@@ -183,19 +203,8 @@ class OutputDir:
                 yield ("" if relative_dir == "." else relative_dir), here / name
 
     def _fsync_tree(self, directories: set[Path]) -> None:
-        """fsync the directories, and their parents up to the output (new directories must be
-        made durable in their parents too)."""
-        if not self.fsync:
-            return
-        todo: set[Path] = set()
-        for directory in directories:
-            while True:
-                todo.add(directory)
-                if directory == self.root or self.root not in directory.parents:
-                    break
-                directory = directory.parent
-        for directory in todo:
-            fsync_directory(directory)
+        if self.fsync:
+            fsync_tree(self.root, directories)
 
 
 def _extension(name: str) -> str:
@@ -205,14 +214,6 @@ def _extension(name: str) -> str:
         return base
     suffixes = Path(name).suffixes
     return "".join(suffixes[-2:]) if suffixes else ""
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @attrs.frozen(slots=True)
@@ -241,6 +242,13 @@ def claim_output(root: Path, *, fsync: bool = True) -> ClaimedOutput:
     lock = DirectoryLock(out.control, LOCK_NAME, "SparkSink")
     lock.acquire()
     try:
+        if (out.control / MANIFEST).exists():
+            # Before recovery, which would delete every file no local ledger entry names.
+            raise OutputInUse(
+                f"{root} is shared by the workers of a pipeline (it has {CONTROL}/{MANIFEST}): "
+                "its commits are in JetStream, not in a local ledger. Write it from its "
+                "pipeline (commits='shared'), not with commits='local'"
+            )
         ledger = CommitLedger(out.ledger_dir, fsync=fsync)
         ledger.load()
         rolled, removed, missing = out.recover(ledger.files)

@@ -19,6 +19,17 @@ and returns at once; an attempt that Spark finishes anyway is not committed.
 
 ``writer="arrow"`` replaces step 3 for parquet paths: Arrow writes the table into the staging
 directory (arrow_writer.py) and no Spark job runs; everything around it is the same.
+
+Two ways to commit (``commits=``):
+
+- ``"shared"``: the output is shared by every worker of the pipeline (processes on one host or
+  many), coordinated through a commit state in a JetStream KV bucket (shared.py,
+  headrace.commits). The default inside a pipeline (``"auto"``): the pipeline binds the sink to
+  its JetStream connection;
+- ``"local"``: the ledger above, in the output directory; one process at a time (it holds an
+  exclusive lock). The default when the sink is used on its own, without ``bind``.
+
+An output is written in one mode for its whole life; the other is refused with a clear error.
 """
 
 from __future__ import annotations
@@ -36,8 +47,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pyarrow as pa
 import trio
+from headrace.commits.identity import Attempt
 from headrace.sinks.errors import RecordsRejected, SinkNotOpen
 from headrace.sinks.output import DirectoryLock
+from headrace.sinks.shared_output import STALE_AFTER, SWEEP_INTERVAL, SharedOutput
 
 from headrace_spark.arrow_writer import write_parquet
 from headrace_spark.errors import (
@@ -47,8 +60,8 @@ from headrace_spark.errors import (
     SparkWriteError,
 )
 from headrace_spark.ledger import FOLD_AFTER, CommitLedger
-from headrace_spark.metadata import BatchMetadata
-from headrace_spark.output import OutputDir, claim_output, new_token
+from headrace_spark.metadata import BatchMetadata, once_per_message
+from headrace_spark.output import OutputDir, batch_id, claim_output, name_staged, new_token
 from headrace_spark.schema import TableBuilder
 from headrace_spark.session import JobTags, empty_frame, first_line, start_session
 from headrace_spark.targets import ParquetTarget, TableTarget
@@ -56,10 +69,15 @@ from headrace_spark.targets import ParquetTarget, TableTarget
 if TYPE_CHECKING:
     from headrace.pipeline.batch import Batch
     from headrace.pipeline.record import Record
+    from headrace.pipeline.sink import SinkContext
+
+    from headrace_spark.shared import SharedWriter, _Staged
 
 #: How a batch's table becomes files: a Spark job (``createDataFrame(table).write``), or
 #: Arrow's parquet writer for parquet paths (arrow_writer.py; no JVM work per batch).
 WRITERS = ("spark", "arrow")
+#: How batches are committed (see the module docs).
+COMMITS = ("auto", "shared", "local")
 
 
 @attrs.frozen(slots=True)
@@ -76,6 +94,9 @@ class CommitInfo:
     seconds: float
     #: Records set aside as not fitting the schema (raised as RecordsRejected after commit).
     rejected: int = 0
+    #: The worker that committed it (shared outputs), and its attempt's token.
+    worker: str = ""
+    token: str = ""
 
 
 class SparkSink:
@@ -95,6 +116,11 @@ class SparkSink:
 
     ``writer``: ``"spark"`` (a Spark job per batch) or ``"arrow"`` (Arrow's parquet writer, for
     ``path=`` without ``transform``; no session needed until ``compact``); see docs/spark.md.
+
+    ``commits``: ``"auto"`` (shared when a pipeline binds the sink, else local), ``"shared"``
+    or ``"local"`` (see the module docs and docs/scaling.md). Shared outputs: staged attempts
+    that never committed are deleted ``stale_after`` seconds after they started (an attempt
+    still running then must start again), by a sweep every ``sweep_interval`` seconds.
     """
 
     def __init__(
@@ -119,6 +145,9 @@ class SparkSink:
         on_commit: Callable[[CommitInfo], None] | None = None,
         stop_session: bool = False,
         writer: str = "spark",
+        commits: str = "auto",
+        stale_after: float = STALE_AFTER,
+        sweep_interval: float = SWEEP_INTERVAL,
     ) -> None:
         if (path is None) == (table is None):
             raise SparkSinkError("SparkSink needs exactly one of path= (parquet) or table=")
@@ -139,6 +168,10 @@ class SparkSink:
                 "writer='arrow' makes no DataFrame, so it cannot apply transform=; derive the "
                 "columns in the pipeline (map, decode) or use writer='spark'"
             )
+        if commits not in COMMITS:
+            raise SparkSinkError(f"commits must be one of {list(COMMITS)}, not {commits!r}")
+        if not stale_after > 0 or not sweep_interval > 0:
+            raise SparkSinkError("stale_after and sweep_interval must be positive (seconds)")
         if files_per_batch is not None and files_per_batch < 1:
             raise SparkSinkError(f"files_per_batch must be at least 1, not {files_per_batch}")
         self.target: ParquetTarget | TableTarget = (
@@ -153,6 +186,11 @@ class SparkSink:
         self.fsync = fsync
         self.on_commit = on_commit
         self.stop_session = stop_session
+        self.commits = commits
+        self.stale_after = stale_after
+        self.sweep_interval = sweep_interval
+        self._context: SinkContext | None = None
+        self._shared: SharedWriter | None = None
         self._given_spark = spark
         self._session_args: dict[str, Any] = {
             "master": master,
@@ -187,18 +225,53 @@ class SparkSink:
     @property
     def output(self) -> Path | None:
         """The output directory (a table's location), once open."""
+        if self._shared is not None:
+            return self._shared.output.root
         return self._out.root if self._out is not None else None
+
+    @property
+    def shared(self) -> SharedWriter | None:
+        """The shared-mode writer (its coordinator, its sweeps' counts), once open shared."""
+        return self._shared
 
     # -- the sink contract --------------------------------------------------------------------
 
+    def bind(self, context: SinkContext) -> None:
+        """The pipeline says where the sink runs: with ``commits="auto"`` the output is then
+        shared by the pipeline's workers."""
+        self._context = context
+
     async def open(self) -> None:
-        await trio.to_thread.run_sync(self._open_sync, abandon_on_cancel=True)
+        if self._shared is not None or self._ledger is not None:
+            await self.close()
+        mode = self.commits
+        if mode == "auto":
+            mode = "shared" if self._context is not None else "local"
+        if mode == "local":
+            await trio.to_thread.run_sync(self._open_sync, abandon_on_cancel=True)
+            return
+        if self._context is None:
+            raise SparkSinkError(
+                f"{self!r}: commits='shared' needs the sink bound to a JetStream connection: run "
+                "it in a pipeline, or call bind(SinkContext(js, pipeline=..., sink=...)) first"
+            )
+        from headrace_spark.shared import SharedWriter
+
+        root = await trio.to_thread.run_sync(self._locate, abandon_on_cancel=True)
+        self._shared = await SharedWriter.open(self, self._context, root, self._limiter)
+        self.batches_committed = self.rows_written = self.duplicates_skipped = 0
+        self.records_rejected = 0
+        self.recovered_rolled = self._shared.swept.rolled
+        self.recovered_removed = self._shared.swept.removed
 
     async def write_batch(self, batch: Batch) -> None:
-        if self._ledger is None:
+        if self._ledger is None and self._shared is None:
             raise SinkNotOpen(f"{self!r} is not open")
         tag = f"headrace-spark-{secrets.token_hex(6)}"
         try:
+            if self._shared is not None:
+                await self._shared.write(batch, tag)
+                return
             await trio.to_thread.run_sync(
                 self._write_sync, batch, tag, limiter=self._limiter, abandon_on_cancel=True
             )
@@ -210,13 +283,26 @@ class SparkSink:
             raise
 
     async def close(self) -> None:
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            try:
+                await shared.close()
+            finally:
+                await trio.to_thread.run_sync(self._stop_session, abandon_on_cancel=True)
+            return
         await trio.to_thread.run_sync(self._close_sync, abandon_on_cancel=True)
 
     async def compact(self, min_files: int = 8) -> Any:
         """Rewrite each directory holding ``min_files`` or more small files of this sink into
         one file (compact.py); returns a :class:`~headrace_spark.compact.CompactionReport`."""
-        from headrace_spark.compact import compact_output
+        from headrace_spark.compact import compact_output, compact_shared
 
+        if self._shared is not None:
+            if self.spark is None:
+                self.spark = await trio.to_thread.run_sync(
+                    lambda: start_session(**self._session_args), limiter=self._limiter
+                )
+            return await compact_shared(self, self._shared, min_files=min_files)
         if self._ledger is None or self._out is None:
             raise SinkNotOpen(f"{self!r} is not open")
         out, ledger = self._out, self._ledger
@@ -231,24 +317,28 @@ class SparkSink:
 
     # -- in the worker thread -----------------------------------------------------------------
 
+    def _locate(self) -> Path:
+        """The output directory, with the session started (Spark writer) and ``partition_by``
+        checked against the columns written."""
+        if self.writer == "arrow":
+            # No Spark job per batch, so no session unless the application gave one.
+            self._check_partitions(self.builder.arrow_schema.names)
+            return self.target.location(self.spark, None)
+        if self.spark is None:
+            self.spark = start_session(**self._session_args)
+        spark = self.spark
+        self._tags = JobTags(spark)
+        template = empty_frame(spark, self.builder.arrow_schema)
+        if self.transform is not None:
+            template = self.transform(template)
+        self._check_partitions(list(template.columns))
+        return self.target.location(spark, template)
+
     def _open_sync(self) -> None:
         with self._mutex:
             if self._lock is not None:
                 self._release()
-            if self.writer == "arrow":
-                # No Spark job per batch, so no session unless the application gave one.
-                self._check_partitions(self.builder.arrow_schema.names)
-                root = self.target.location(self.spark, None)
-            else:
-                if self.spark is None:
-                    self.spark = start_session(**self._session_args)
-                spark = self.spark
-                self._tags = JobTags(spark)
-                template = empty_frame(spark, self.builder.arrow_schema)
-                if self.transform is not None:
-                    template = self.transform(template)
-                self._check_partitions(list(template.columns))
-                root = self.target.location(spark, template)
+            root = self._locate()
             claimed = claim_output(root, fsync=self.fsync)
             out, ledger, lock = claimed.out, claimed.ledger, claimed.lock
             try:
@@ -298,42 +388,19 @@ class SparkSink:
             started = time.perf_counter()
             # The batch's delivery metadata, parsed in bulk once: the ledger's check, the
             # metadata columns and the commit entry all come from it.
-            meta = BatchMetadata.of(batch.records)
-            keep = self._not_committed(batch.records, meta, ledger)
+            # A message delivered twice into one batch (after a stall) is written once.
+            records, meta, _, _ = once_per_message(batch)
+            keep = self._not_committed(records, meta, ledger)
             skipped = len(batch) - len(keep)
             self.duplicates_skipped += skipped
             if not keep:
                 return None
-            if skipped:
+            if keep is not records:
                 meta = BatchMetadata.of(keep)
-            # A record that does not fit the schema is set aside, not the batch with it.
-            table, accepted, rejected = self.builder.build_accepting(keep, meta)
-            if not accepted:
-                self.records_rejected += len(rejected)
-                raise RecordsRejected(rejected)
-            if len(accepted) != len(keep):
-                meta = BatchMetadata.of(accepted)
-            keep = accepted
-            seqs = meta.sequences()
-            key = "+".join(
-                f"{stream}-{s.intervals[0][0]}-{s.intervals[-1][1]}"
-                for stream, s in sorted(seqs.items())
-            )
+            table, keep, rejected, seqs, key = self._build(keep, meta)
             token = new_token(key)
             staging = out.staging(token)
-            try:
-                if self.writer == "arrow":
-                    write_parquet(table, staging, self.target.partition_by)
-                else:
-                    self._spark_write(table, staging, tag)
-            except BaseException as exc:
-                shutil.rmtree(staging, ignore_errors=True)
-                if isinstance(exc, Exception):
-                    raise self._write_error(exc, tag, key) from exc
-                raise
-            if tag in self._cancelled:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise SparkJobCancelled(f"batch {key}: the pipeline stopped; not committed")
+            self._write_staging(table, staging, tag, key)
             files = out.stage_into_place(staging, token)
             ledger.record_commit(key, files, seqs, len(keep))  # the commit point
             out.publish(files)
@@ -350,6 +417,91 @@ class SparkSink:
             self.on_commit(info)
         if rejected:
             raise RecordsRejected(rejected)  # committed; the pipeline fails only these
+        return info
+
+    def _stage_shared(
+        self, keep: list[Record], meta: BatchMetadata | None, tag: str, output: SharedOutput
+    ) -> _Staged:
+        """Write ``keep`` as a new attempt under the shared output's staging directory, named
+        and fsynced, ready to commit (shared.py)."""
+        from headrace_spark.shared import _Staged
+
+        if meta is None:
+            meta = BatchMetadata.of(keep)
+        table, accepted, rejected, seqs, key = self._build(keep, meta)
+        attempt = Attempt.new(batch_id(key))
+        staging = output.staging(attempt)
+        self._write_staging(table, staging, tag, key)
+        try:
+            name_staged(staging, attempt.token)
+            output.sync_staged(attempt)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return _Staged(attempt, seqs, len(accepted), rejected)
+
+    def _build(
+        self, keep: list[Record], meta: BatchMetadata
+    ) -> tuple[pa.Table, list[Record], list[tuple[Record, BaseException]], dict[str, Any], str]:
+        """The table of the records that fit the schema (a record that does not is set aside,
+        not the batch with it: :class:`RecordsRejected` if none fits), those records, the
+        rejected ones, their sequences per stream, and the batch key naming them."""
+        table, accepted, rejected = self.builder.build_accepting(keep, meta)
+        if not accepted:
+            self.records_rejected += len(rejected)
+            raise RecordsRejected(rejected)
+        if len(accepted) != len(keep):
+            meta = BatchMetadata.of(accepted)
+        seqs = meta.sequences()
+        key = "+".join(
+            f"{stream}-{s.intervals[0][0]}-{s.intervals[-1][1]}"
+            for stream, s in sorted(seqs.items())
+        )
+        return table, accepted, list(rejected), seqs, key
+
+    def _write_staging(self, table: pa.Table, staging: Path, tag: str, key: str) -> None:
+        """Spark's (or Arrow's) write of ``table`` into ``staging``; nothing is left there if
+        it fails or the pipeline stopped meanwhile."""
+        try:
+            if self.writer == "arrow":
+                write_parquet(table, staging, self.target.partition_by)
+            else:
+                self._spark_write(table, staging, tag)
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, Exception):
+                raise self._write_error(exc, tag, key) from exc
+            raise
+        if tag in self._cancelled:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise SparkJobCancelled(f"batch {key}: the pipeline stopped; not committed")
+
+    def _publish_shared(
+        self, output: SharedOutput, staged: _Staged, skipped: int, started: float
+    ) -> CommitInfo:
+        """Put a committed attempt's files in place (shared.py, step 5)."""
+        files = output.publish(staged.attempt.token)
+        self._register(files)
+        self.batches_committed += 1
+        self.rows_written += staged.rows
+        self.records_rejected += len(staged.rejected)
+        key = "+".join(
+            f"{stream}-{s.intervals[0][0]}-{s.intervals[-1][1]}"
+            for stream, s in sorted(staged.seqs.items())
+        )
+        worker = self._context.worker if self._context is not None else ""
+        info = CommitInfo(
+            key,
+            tuple(files),
+            staged.rows,
+            skipped,
+            time.perf_counter() - started,
+            len(staged.rejected),
+            worker=worker,
+            token=staged.attempt.token,
+        )
+        if self.on_commit is not None:
+            self.on_commit(info)  # in the worker thread, as in the local mode
         return info
 
     @staticmethod
@@ -423,6 +575,11 @@ class SparkSink:
                 self._tags.cancel(tag)
         except Exception:  # the session is gone: nothing runs any more
             pass
+
+    def _stop_session(self) -> None:
+        if self.stop_session and self._given_spark is None and self.spark is not None:
+            self.spark.stop()
+            self.spark = None
 
     def _close_sync(self) -> None:
         # An abandoned write (cancelled, its Spark job being interrupted) may still hold the

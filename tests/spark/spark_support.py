@@ -66,3 +66,31 @@ def stream_seqs(spark: Any, path: Path | str) -> list[int]:
 def all_acked(n: int) -> Callable[[Any], bool]:
     """A ``wait_consumer`` predicate: the first ``n`` messages acked, none pending."""
     return lambda info: info.ack_floor.stream_seq == n and info.num_ack_pending == 0
+
+
+def manifest(out: Path) -> dict[str, Any]:
+    """The manifest of an output shared by workers (``_headrace/output.json``)."""
+    import json
+
+    return dict(json.loads((out / CONTROL / "output.json").read_bytes()))
+
+
+def staged(out: Path) -> list[str]:
+    """The attempts staged in a shared output (empty once everything is committed and
+    published, and dead attempts swept)."""
+    staging = out / CONTROL / "staging"
+    return sorted(p.name for p in staging.iterdir()) if staging.exists() else []
+
+
+async def commit_state(natspy: Any, out: Path) -> dict[str, Any]:
+    """A shared output's commit state as nats-py (the independent peer) reads it from the KV
+    bucket its manifest names: the JSON object."""
+    import json
+
+    found = manifest(out)
+
+    async def go() -> Any:
+        kv = await natspy.nc.jetstream().key_value(found["bucket"])
+        return (await kv.get(found["id"])).value
+
+    return dict(json.loads(await natspy.call(go)))

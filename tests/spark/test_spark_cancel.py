@@ -14,7 +14,14 @@ import trio
 from headrace.jetstream import ConsumerConfig
 from headrace.pipeline import BatchPolicy
 from headrace_spark import SparkSink
-from spark_support import all_acked, data_files, hidden_files, ledger_entries
+from spark_support import (
+    all_acked,
+    commit_state,
+    data_files,
+    hidden_files,
+    ledger_entries,
+    staged,
+)
 
 # isort: split
 # (spark_support put tests/pipeline and tests/sinks on sys.path)
@@ -123,7 +130,8 @@ async def test_stopping_a_pipeline_interrupts_the_spark_job(
     spec = source(config=ConsumerConfig(ack_wait=2))
     batches = BatchPolicy(max_messages=n, max_age=0.1)
 
-    slow = fast_pipeline("slow")
+    # The same pipeline twice (the output is shared by the pipeline's workers: its runs)
+    slow = fast_pipeline("lake")
     slow.source(spec).sink(sink, name="lake", batch=batches)
     async with connect(nats_server.url, **FAST) as nc:
         async with slow.running(nc) as run:
@@ -137,16 +145,21 @@ async def test_stopping_a_pipeline_interrupts_the_spark_job(
         await wait_for_jobs_gone(spark, jobs, timeout=10)
         assert run.stats.batches_committed == 0 and run.stats.acks == 0
         assert data_files(out) == [] and hidden_files(out) == []
-        assert ledger_entries(out) == []
+        state = await commit_state(natspy, out)
+        assert state["commits"] == 0 and state["unpublished"] == {}, state
         info = await consumer_info(natspy)
         assert info.ack_floor.stream_seq == 0  # neither acked nor naked: owed again
 
         state["delay"] = 0.0
-        fast = fast_pipeline("fast")
+        fast = fast_pipeline("lake")
         fast.source(spec).sink(sink, name="lake", batch=batches)
         async with fast.running(nc) as run:
             info = await wait_consumer(natspy, all_acked(n), timeout=60)
             assert run.stats.acks == n
+        state = await commit_state(natspy, out)
+        assert state["commits"] == 1 and state["streams"]["S"]["floor"] == n, state
+        # The interrupted attempt is garbage in staging until it is stale; never published.
+        assert len(staged(out)) <= 1
     rows = spark.read.parquet(str(out)).select("stream_seq", "doubled", "num_delivered").collect()
     assert sorted((r[0], r[1]) for r in rows) == [(s, 2 * s) for s in range(1, n + 1)]
     assert {r[2] for r in rows} == {2}

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from headrace.actors.supervision import Escalate, RestartPolicy
+from headrace.commits.coordinator import DEFAULT_BUCKET
 from headrace.errors import HeadraceError
+from headrace.jetstream.kv import check_bucket_name
 from headrace.pipeline.batch import BatchPolicy
 from headrace.pipeline.source import JetStreamSource
 
@@ -185,7 +187,8 @@ class Pipeline:
     bounds memory; by default twice the larger of its consume buffer and its largest batch.
     ``nak_delay`` and ``nak_delay_max`` bound the backoff of naks before that.
     ``drain_timeout``: how long a cancelled pipeline may take to commit and ack what it holds
-    before it is stopped hard.
+    before it is stopped hard. ``commit_bucket``: the KV bucket where sinks shared by several
+    workers keep their commit state (docs/scaling.md).
     """
 
     def __init__(
@@ -198,6 +201,7 @@ class Pipeline:
         nak_delay_max: float = 60.0,
         drain_timeout: float = 30.0,
         max_in_flight: int | None = None,
+        commit_bucket: str = DEFAULT_BUCKET,
     ) -> None:
         if not name:
             raise PipelineError("a pipeline needs a name")
@@ -212,6 +216,7 @@ class Pipeline:
         if max_in_flight is not None and max_in_flight < 1:
             raise PipelineError("max_in_flight must be at least 1")
         self.max_in_flight = max_in_flight
+        self.commit_bucket = check_bucket_name(commit_bucket)
         self.nodes: list[Node] = []
 
     def __repr__(self) -> str:

@@ -25,6 +25,7 @@ from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, su
 from headrace.jetstream.consumer_config import ConsumerInfo
 from headrace.jetstream.context import JetStream
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT, AckTracker
+from headrace.pipeline.sink import SinkContext
 from headrace.pipeline.stages import (
     BatcherStage,
     OperatorStage,
@@ -103,6 +104,7 @@ class PipelineRun:
         """A source bound its consumer: check batches against max_ack_pending, learn the ack
         wait for the tracker's +WPI."""
         node = source.node
+        source.consumer_name = info.name
         source.bound.set()
         self.tracker.learn_ack_wait(
             node.name, info.config.ack_wait or DEFAULT_ACK_WAIT, source.buffer
@@ -112,6 +114,22 @@ class PipelineRun:
             for sink in self.pipeline.sinks:
                 if node in self.pipeline.sources_of(sink):
                     self.pipeline.check_batch_fits(sink, node, limit)
+
+    def sink_context(self, sink: Node) -> SinkContext:
+        """What sink ``sink`` is told of where it runs (its ``bind``): the pipeline, the
+        connection, and the consumers of the sources that feed it."""
+        feeding = [s for s in self.sources if s.node in self.pipeline.sources_of(sink)]
+
+        def consumers() -> list[tuple[str, str | None]]:
+            return [(s.node.source.stream, s.consumer_name) for s in feeding if s.node.source]
+
+        return SinkContext(
+            self.js,
+            pipeline=self.pipeline.name,
+            sink=sink.name,
+            consumers=consumers,
+            commit_bucket=self.pipeline.commit_bucket,
+        )
 
     def max_in_flight(self, source: Node) -> int:
         """How many of a source's messages may be in the pipeline at once (taken and not yet

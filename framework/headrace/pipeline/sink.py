@@ -7,19 +7,124 @@ A sink has three methods, each either a coroutine function or a plain one:
   after it returns, never before;
 - ``close()`` after the last batch (also after a failure).
 
+and may have a fourth, ``bind(context)``, called before ``open()`` with a :class:`SinkContext`:
+where the sink runs (pipeline, sink name, this worker), the JetStream connection, and the
+identities and ack floors of the streams it is fed from. A sink whose output is shared by
+several workers uses them to take part in the commit protocol (headrace.commits,
+docs/scaling.md).
+
 Async sinks run on the event loop. Sync sinks run in a worker thread, one call at a time per
 sink, so a blocking write never stalls the loop. ``name`` (optional) names the sink in graphs,
 progress and metrics.
+
+A sink that raises :class:`~headrace.commits.errors.OutputConflict` (another pipeline's output,
+a recreated stream) stops the pipeline: the batch is neither acked nor naked, since writing it
+anywhere else or failing it would lose or duplicate records.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import trio
 
+from headrace.commits.coordinator import DEFAULT_BUCKET
+from headrace.commits.identity import StreamIdentity, new_worker_id
 from headrace.pipeline.batch import Batch
+
+if TYPE_CHECKING:
+    from headrace.jetstream.context import JetStream
+
+#: How long a stream identity looked up is trusted before a batch that overlaps committed
+#: records looks it up again (seconds).
+IDENTITY_TTL = 1.0
+
+
+class SinkContext:
+    """Where a sink runs, given to its ``bind(context)`` before ``open()``.
+
+    ``owner`` (``"<pipeline>/<sink>"``) is what an output shared by workers records as its
+    writer: every worker of one pipeline has the same, another pipeline does not. ``worker``
+    is this process's id in the commit protocol (random per run). ``consumers`` gives the
+    (stream, consumer name) of every source feeding the sink, with None for a name while that
+    source has not bound its consumer yet. ``commit_bucket`` and ``replicas`` (None: as many as
+    the largest source stream's, at most 3) say where a shared commit state is made.
+
+    Outside a pipeline, make one with the connection's JetStream context and an owner name of
+    your own: ``SinkContext(js, pipeline="backfill", sink="lake")``.
+    """
+
+    def __init__(
+        self,
+        js: JetStream,
+        *,
+        pipeline: str,
+        sink: str,
+        worker: str | None = None,
+        consumers: Callable[[], list[tuple[str, str | None]]] | None = None,
+        commit_bucket: str = DEFAULT_BUCKET,
+        replicas: int | None = None,
+    ) -> None:
+        self.js = js
+        self.pipeline = pipeline
+        self.sink = sink
+        self.worker = worker or new_worker_id()
+        self.commit_bucket = commit_bucket
+        self._consumers = consumers or (lambda: [])
+        self._replicas = replicas
+        self._identities: dict[str, tuple[StreamIdentity, float]] = {}
+
+    def __repr__(self) -> str:
+        return f"<SinkContext {self.owner} worker {self.worker}>"
+
+    @property
+    def owner(self) -> str:
+        return f"{self.pipeline}/{self.sink}"
+
+    async def stream_identity(self, name: str, *, fresh: bool = False) -> StreamIdentity:
+        """The identity (name and creation time) of stream ``name``; looked up again when
+        ``fresh`` and the last look is older than a second."""
+        now = trio.current_time()
+        known = self._identities.get(name)
+        if known is not None and not (fresh and now - known[1] > IDENTITY_TTL):
+            return known[0]
+        info = await self.js.stream_info(name)
+        identity = StreamIdentity.of(name, info.created)
+        self._identities[name] = (identity, now)
+        return identity
+
+    async def ack_floors(self) -> dict[StreamIdentity, int]:
+        """Per stream feeding the sink, the lowest ack floor of its consumers: every sequence up
+        to it is settled (committed by every sink, or dropped on the way). A stream with a
+        source not bound yet is left out: its floor is not known."""
+        by_stream: dict[str, list[str | None]] = {}
+        for stream, consumer in self._consumers():
+            by_stream.setdefault(stream, []).append(consumer)
+        floors: dict[StreamIdentity, int] = {}
+        for stream, consumers in by_stream.items():
+            if any(c is None for c in consumers):
+                continue
+            lowest = min(
+                [
+                    (await self.js.consumer_info(stream, c)).ack_floor.stream_seq
+                    for c in consumers
+                    if c
+                ]
+            )
+            floors[await self.stream_identity(stream)] = lowest
+        return floors
+
+    async def replicas(self) -> int:
+        """Replicas for a commit bucket made now."""
+        if self._replicas is not None:
+            return self._replicas
+        found = 1
+        for stream in {s for s, _ in self._consumers()}:
+            info = await self.js.stream_info(stream)
+            found = max(found, info.config.num_replicas or 1)
+        return min(found, 3)
 
 
 @runtime_checkable
@@ -48,6 +153,9 @@ class SinkRunner:
             # The batch is then not committed (so redelivered); the limiter keeps the next call
             # from overlapping the abandoned one.
             await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, abandon_on_cancel=True)
+
+    async def bind(self, context: SinkContext) -> None:
+        await self._call("bind", context)
 
     async def open(self) -> None:
         await self._call("open")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from headrace.actors.actor import Actor
+from headrace.commits.errors import OutputConflict
 from headrace.errors import SubscriptionClosedError
 from headrace.jetstream.errors import JetStreamError
 from headrace.pipeline.batch import Batch
@@ -78,6 +79,8 @@ class SourceStage(Stage):
         self.run_ = run
         self.subscription: Any = None
         self.buffer: Any = None
+        #: The name of the bound consumer (a durable's, or the server's for an ephemeral one).
+        self.consumer_name: str | None = None
         self._drain_requested = trio.Event()
         #: Set once the consumer is bound and its JetStream actors run.
         self.bound = trio.Event()
@@ -356,6 +359,7 @@ class SinkStage(Stage):
         self.runner = SinkRunner(node.sink_obj, node.name)
 
     async def run(self) -> None:
+        await self.runner.bind(self.run_.sink_context(self.node))
         await self.runner.open()
         try:
             while True:
@@ -377,6 +381,10 @@ class SinkStage(Stage):
         started = trio.current_time()
         try:
             await self.runner.write_batch(batch)
+        except OutputConflict:
+            # Not this batch's fault, and not transient: writing on would lose or duplicate
+            # records. Stop; what is held is redelivered after its ack wait.
+            raise
         except RecordsRejected as exc:
             # Committed but for some records: those fail alone (nak, dead letter), the rest is
             # acked as for a whole batch. A message with records on both sides is failed (its

@@ -1,127 +1,40 @@
-"""What sinks that write files share: sets of committed sequence numbers, an exclusive lock on
-an output directory, and fsync of a directory.
+"""What sinks that write files share: sets of committed sequence numbers (:class:`SeqSet`,
+re-exported from :mod:`headrace.commits.seqset`), a lock on an output directory, and fsync of a
+directory.
 
-A duplicate-free sink has to know which (stream, stream_seq) it already committed, across
-redeliveries cut into different batches and across restarts; :class:`SeqSet` keeps such a set
-as intervals, so a contiguous run of a million sequences costs as much as one. A sink that owns
-a directory must be the only writer there, in any process: :class:`DirectoryLock` is an
-``flock`` that goes away with its descriptor, so with the process that held it, even after
-``SIGKILL``.
+A sink that owns a directory alone must be the only writer there, in any process:
+:class:`DirectoryLock` is an ``flock`` that goes away with its descriptor, so with the process
+that held it, even after ``SIGKILL``. Sinks whose workers share an output through the commit
+protocol (headrace.commits) take it *shared*: any number of them at once, never together with
+an exclusive holder (a single-process sink or a compaction of its own) on the same host.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from headrace.commits.seqset import SeqSet
 from headrace.sinks.errors import OutputInUse
 
 if sys.platform != "win32":
     import fcntl
 
 
-class SeqSet:
-    """A set of sequence numbers kept as sorted, disjoint, closed intervals."""
-
-    __slots__ = ("_ends", "_starts")
-
-    def __init__(self, intervals: Iterable[tuple[int, int]] = ()) -> None:
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        for first, last in intervals:
-            self.add_range(first, last)
-
-    def __contains__(self, seq: object) -> bool:
-        if not isinstance(seq, int):
-            return False
-        i = bisect.bisect_right(self._starts, seq) - 1
-        return i >= 0 and seq <= self._ends[i]
-
-    def add(self, seq: int) -> None:
-        starts, ends = self._starts, self._ends
-        i = bisect.bisect_right(starts, seq) - 1
-        if i >= 0 and seq <= ends[i]:
-            return
-        joins_left = i >= 0 and ends[i] == seq - 1
-        joins_right = i + 1 < len(starts) and starts[i + 1] == seq + 1
-        if joins_left and joins_right:
-            ends[i] = ends[i + 1]
-            del starts[i + 1], ends[i + 1]
-        elif joins_left:
-            ends[i] = seq
-        elif joins_right:
-            starts[i + 1] = seq
-        else:
-            starts.insert(i + 1, seq)
-            ends.insert(i + 1, seq)
-
-    def add_range(self, first: int, last: int) -> None:
-        """Add every sequence from ``first`` to ``last`` (inclusive)."""
-        if last < first:
-            raise ValueError(f"empty range {first}..{last}")
-        starts, ends = self._starts, self._ends
-        # Intervals that overlap or touch [first, last] are merged into it.
-        lo = bisect.bisect_left(ends, first - 1)
-        hi = bisect.bisect_right(starts, last + 1)
-        if lo < hi:
-            first = min(first, starts[lo])
-            last = max(last, ends[hi - 1])
-        starts[lo:hi] = [first]
-        ends[lo:hi] = [last]
-
-    def __len__(self) -> int:
-        return sum(e - s + 1 for s, e in zip(self._starts, self._ends, strict=True))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SeqSet):
-            return NotImplemented
-        return self._starts == other._starts and self._ends == other._ends
-
-    def __repr__(self) -> str:
-        return f"SeqSet({self.intervals!r})"
-
-    @property
-    def intervals(self) -> list[tuple[int, int]]:
-        return list(zip(self._starts, self._ends, strict=True))
-
-    def overlaps(self, first: int, last: int) -> bool:
-        """Whether any sequence from ``first`` to ``last`` (inclusive) is in the set."""
-        i = bisect.bisect_left(self._ends, first)
-        return i < len(self._starts) and self._starts[i] <= last
-
-    @classmethod
-    def of(cls, seqs: Iterable[int]) -> SeqSet:
-        """The set of ``seqs``: sorted, then runs become intervals in one pass (a batch's
-        sequences are mostly one run, and this is on a sink's per-batch path)."""
-        ordered = sorted(seqs)
-        result = cls()
-        if ordered and ordered[-1] - ordered[0] == len(ordered) - 1 == len(set(ordered)) - 1:
-            # One run without gaps or repeats, a batch's usual shape: no loop needed.
-            result._starts, result._ends = [ordered[0]], [ordered[-1]]
-            return result
-        starts: list[int] = []
-        ends: list[int] = []
-        for seq in ordered:
-            if ends and seq <= ends[-1] + 1:
-                if seq > ends[-1]:
-                    ends[-1] = seq
-            else:
-                starts.append(seq)
-                ends.append(seq)
-        result._starts, result._ends = starts, ends
-        return result
+__all__ = ["DirectoryLock", "SeqSet", "fsync_directory", "fsync_file", "fsync_tree"]
 
 
 class DirectoryLock:
-    """An exclusive ``flock`` on ``directory / name``, held until :meth:`release` (or the end of
-    the process). ``owner`` names the kind of sink in the :class:`OutputInUse` message."""
+    """An ``flock`` on ``directory / name``, held until :meth:`release` (or the end of the
+    process): exclusive, or with ``shared=True`` shared with other shared holders. ``owner``
+    names the kind of sink in the :class:`OutputInUse` message."""
 
-    def __init__(self, directory: Path, name: str, owner: str) -> None:
+    def __init__(self, directory: Path, name: str, owner: str, *, shared: bool = False) -> None:
         self.path = directory / name
         self.owner = owner
+        self.shared = shared
         self._fd: int | None = None
 
     @property
@@ -135,12 +48,16 @@ class DirectoryLock:
             return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise OutputInUse(
-                f"{self.path.parent} is in use by another {self.owner} (lock {self.path.name})"
-            ) from None
+            how = (
+                "held exclusively by a sink of another mode (a single-process sink, or a "
+                "compaction)"
+                if self.shared
+                else f"in use by another {self.owner}"
+            )
+            raise OutputInUse(f"{self.path.parent} is {how} (lock {self.path.name})") from None
         except BaseException:
             os.close(fd)
             raise
@@ -161,3 +78,29 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """Make a file's content durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path, directories: Iterable[Path]) -> None:
+    """fsync ``directories`` and their parents up to ``root``: a directory made for new files
+    must be made durable in its parent too. A directory gone meanwhile is skipped."""
+    todo: set[Path] = set()
+    for directory in directories:
+        while True:
+            todo.add(directory)
+            if directory == root or root not in directory.parents:
+                break
+            directory = directory.parent
+    for directory in todo:
+        try:
+            fsync_directory(directory)
+        except FileNotFoundError:
+            pass

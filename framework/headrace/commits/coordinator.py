@@ -1,0 +1,292 @@
+"""The commit state of one output in a JetStream KV bucket, changed by compare-and-set.
+
+:class:`CommitCoordinator` is the driver of state.py: it keeps the last state it read or wrote
+and its revision, applies a change to it, and writes the result conditional on that revision
+(``Nats-Expected-Last-Subject-Sequence``, ADR-8). The server orders all writes of the key, so
+of two workers committing overlapping records exactly one wins; the other reads the newer state
+and sees the overlap.
+
+The three ways a write can end, and what follows:
+
+- accepted: the new state and revision are kept;
+- refused (:class:`~headrace.jetstream.kv.WrongRevision`): someone wrote first. Read again
+  (from the stream leader, never a lagging replica) and apply the change again. Each refusal
+  means another worker's write succeeded, so the workers as a whole always progress; one worker
+  backs off with jitter after a few refusals in a row, and gives up
+  (:class:`CommitContention`) only after ``max_attempts`` or its deadline;
+- no answer (a timeout, the connection lost): the write is *in doubt*. It may have landed.
+  Read again until a read succeeds and apply the change again: every change is idempotent (a
+  commit by its attempt's token), so a write that did land is recognised, not repeated.
+
+Reads and writes go to the bucket's stream leader; ``deadline`` bounds a change, server
+failovers included (a replicated bucket elects a new leader within seconds).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping
+
+import trio
+
+from headrace.commits.errors import (
+    CommitContention,
+    CommitStateMissing,
+    CommitStateUnavailable,
+    OutputOwned,
+)
+from headrace.commits.identity import Attempt, StreamIdentity, now_ms
+from headrace.commits.seqset import SeqSet
+from headrace.commits.state import CommitOutcome, CommitState, Committed, Overlap
+from headrace.errors import ConnectionClosedError, NatsError
+from headrace.jetstream.context import JetStream
+from headrace.jetstream.errors import JetStreamError
+from headrace.jetstream.kv import (
+    BucketExists,
+    BucketNotFound,
+    KeyExists,
+    KeyNotFound,
+    KeyValue,
+    KeyValueConfig,
+    WrongRevision,
+    create_key_value,
+    key_value,
+)
+
+#: The bucket every output's commit state lives in unless told otherwise.
+DEFAULT_BUCKET = "headrace_commits"
+#: Revisions kept per output: the current state and a few before it, to look at after the fact.
+HISTORY = 5
+#: A change gives up after this many refusals in a row...
+MAX_ATTEMPTS = 200
+#: ... or after this many seconds (in-doubt writes and failovers included).
+DEADLINE = 60.0
+#: One request to the bucket waits this long before its write counts as in doubt.
+REQUEST_TIMEOUT = 5.0
+
+
+class CommitCoordinator:
+    """One output's commit state, shared with every other worker of the output (see the
+    module docs). Made by :meth:`open`."""
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        state: CommitState,
+        revision: int,
+        *,
+        worker: str,
+        max_attempts: int = MAX_ATTEMPTS,
+        deadline: float = DEADLINE,
+    ) -> None:
+        self.kv = kv
+        self.key = state.output
+        self.state = state
+        self.revision = revision
+        self.worker = worker
+        self.max_attempts = max_attempts
+        self.deadline = deadline
+        #: Commits this worker made, writes refused because another came first, writes whose
+        #: answer was lost, and commits that found part of their records committed already.
+        self.commits = 0
+        self.refused = 0
+        self.in_doubt = 0
+        self.overlaps = 0
+        #: The most refusals one change met before it was written (bounded retries, measured).
+        self.max_refusals = 0
+
+    def __repr__(self) -> str:
+        return f"<CommitCoordinator {self.kv.bucket}/{self.key} rev {self.revision}>"
+
+    @classmethod
+    async def open(
+        cls,
+        js: JetStream,
+        *,
+        output: str,
+        owner: str,
+        worker: str,
+        bucket: str = DEFAULT_BUCKET,
+        replicas: int = 1,
+        create: bool = False,
+    ) -> CommitCoordinator:
+        """The coordinator of ``output`` (its id), owned by ``owner`` (the pipeline and sink).
+
+        ``create``: make the bucket (with ``replicas``) and the state if missing; else a
+        missing state is :class:`CommitStateMissing`. A state owned by someone else is
+        :class:`OutputOwned`.
+        """
+        kv = await _bucket(js, bucket, replicas, create)
+        try:
+            entry = await kv.get(output)
+        except KeyNotFound:
+            if not create:
+                raise CommitStateMissing(
+                    f"output {output}: its commit state (key {output!r} in bucket {bucket!r}) "
+                    "is not in this NATS system: it was deleted, or this worker is connected to "
+                    "another one. Without it, records committed before could be written again. "
+                    "Connect to the right servers, or start a new output (another directory)"
+                ) from None
+            state = CommitState(output=output, owner=owner)
+            try:
+                revision = await kv.create(output, state.to_json())
+            except KeyExists:
+                entry = await kv.get(output)
+            else:
+                return cls(kv, state, revision, worker=worker)
+        state = CommitState.from_json(entry.value, f"commit state {bucket}/{output}")
+        if state.owner != owner:
+            raise OutputOwned(
+                f"output {output} is written by {state.owner!r}, not by {owner!r}: two "
+                "pipelines (or two sinks) cannot share an output. Give this one its own output"
+            )
+        return cls(kv, state, entry.revision, worker=worker)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def refresh(self) -> CommitState:
+        """Read the current state (from the stream leader)."""
+        with trio.fail_after(REQUEST_TIMEOUT):
+            try:
+                entry = await self.kv.get(self.key)
+            except (KeyNotFound, BucketNotFound) as exc:
+                raise CommitStateMissing(
+                    f"output {self.key}: its commit state was deleted from bucket "
+                    f"{self.kv.bucket!r} while the output was being written ({exc})"
+                ) from exc
+        self.state = CommitState.from_json(entry.value, f"commit state {self.kv.bucket}/{self.key}")
+        self.revision = entry.revision
+        return self.state
+
+    # -- changing ---------------------------------------------------------------------------
+
+    async def commit(
+        self,
+        attempt: Attempt,
+        seqs: Mapping[StreamIdentity, SeqSet],
+        *,
+        floors: Mapping[StreamIdentity, int] | None = None,
+        forget: Iterable[str] = (),
+    ) -> CommitOutcome:
+        """Commit ``seqs`` as ``attempt`` (see :meth:`CommitState.commit`); ``forget``: this
+        worker's earlier attempts that it has published since, taken out on the way."""
+        outcome: list[CommitOutcome] = []
+        published = list(forget)
+
+        def change(state: CommitState) -> CommitState:
+            result = state.commit(
+                attempt, self.worker, seqs, at=now_ms(), floors=floors, forget=published
+            )
+            outcome[:] = [result]
+            return result.state if isinstance(result, Committed) else state
+
+        await self.change(change)
+        result = outcome[0]
+        if isinstance(result, Committed):
+            self.commits += 0 if result.already else 1
+        elif isinstance(result, Overlap):
+            self.overlaps += 1
+        return result
+
+    async def change(self, change: Callable[[CommitState], CommitState]) -> CommitState:
+        """Write ``change(state)``, retrying as the module docs say; a change that returns the
+        state it was given writes nothing."""
+        deadline = trio.current_time() + self.deadline
+        refusals = 0
+        doubt: BaseException | None = None
+        while True:
+            if doubt is not None:
+                await self._read_until(deadline, doubt)
+                doubt = None
+            new = change(self.state)
+            if new is self.state:
+                return new
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT):
+                    revision = await self.kv.update(self.key, new.to_json(), self.revision)
+            except WrongRevision as exc:
+                refusals += 1
+                self.refused += 1
+                if refusals >= self.max_attempts or trio.current_time() > deadline:
+                    raise CommitContention(
+                        f"output {self.key}: {refusals} writes of the commit state in a row "
+                        "were refused (other workers wrote first); the batch comes again"
+                    ) from exc
+                if refusals > 2:
+                    # Several workers are writing at once: step aside for a random moment so
+                    # that they do not keep colliding in lockstep.
+                    await trio.sleep(random.uniform(0, min(0.2, 0.002 * 2**refusals)))
+                await self._read_until(deadline, exc)
+                continue
+            except ConnectionClosedError:
+                raise
+            except (NatsError, JetStreamError, trio.TooSlowError) as exc:
+                # No answer, or an answer that is not a verdict on the write: it may have
+                # landed. Read until we know.
+                self.in_doubt += 1
+                if trio.current_time() > deadline:
+                    raise CommitStateUnavailable(
+                        f"output {self.key}: the commit state could not be written within "
+                        f"{self.deadline:.0f}s ({exc!r})"
+                    ) from exc
+                doubt = exc
+                continue
+            self.max_refusals = max(self.max_refusals, refusals)
+            self.state, self.revision = new, revision
+            return new
+
+    async def _read_until(self, deadline: float, cause: BaseException) -> None:
+        """Read the state, retrying transient failures (a leader being elected, a reconnect)
+        until ``deadline``."""
+        pause = 0.05
+        while True:
+            try:
+                await self.refresh()
+                return
+            except CommitStateMissing:
+                raise
+            except ConnectionClosedError:
+                raise
+            except (NatsError, JetStreamError, trio.TooSlowError) as exc:
+                if trio.current_time() > deadline:
+                    raise CommitStateUnavailable(
+                        f"output {self.key}: the commit state could not be read within "
+                        f"{self.deadline:.0f}s ({exc!r}, after {cause!r})"
+                    ) from exc
+                await trio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
+    async def fence(self, horizon: int) -> CommitState:
+        """Raise the horizon (attempts started before it can no longer commit)."""
+        return await self.change(lambda state: state.fence(horizon))
+
+    async def forget(self, tokens: list[str]) -> CommitState:
+        """Take published attempts out of the unpublished ones."""
+        return await self.change(lambda state: state.forget(tokens))
+
+    async def report_floors(self, floors: Mapping[StreamIdentity, int]) -> CommitState:
+        """Raise the streams' floors to the consumers' ack floors."""
+        return await self.change(lambda state: state.with_floors(floors))
+
+
+async def _bucket(js: JetStream, bucket: str, replicas: int, create: bool) -> KeyValue:
+    try:
+        found = await key_value(js, bucket)
+    except BucketNotFound:
+        if not create:
+            raise CommitStateMissing(
+                f"the commit bucket {bucket!r} does not exist in this NATS system"
+            ) from None
+        config = KeyValueConfig(
+            bucket=bucket,
+            description="headrace: commit state of the outputs of pipelines",
+            history=HISTORY,
+            replicas=replicas,
+        )
+        try:
+            found = await create_key_value(js, config)
+        except BucketExists:
+            found = await key_value(js, bucket)  # made meanwhile by another worker
+    # Leader reads: a replica's stale answer would only make a compare-and-set fail, but in a
+    # loop of them a lagging replica could hold a commit up.
+    return KeyValue(js, found.bucket, direct=False)
