@@ -242,3 +242,50 @@ def read_jsonl(directory: Path) -> list[dict[str, Any]]:
         for path in sorted(directory.glob("*.jsonl"))
         for line in path.read_text("utf-8").splitlines()
     ]
+
+
+# -- several workers (`headrace run --workers N`) ---------------------------------------------
+
+
+def worker_dirs(directory: Path) -> dict[str, list[dict[str, Any]]]:
+    """The records of each worker's own JsonlSink directory (``directory/w0``, ``w1``, ...)."""
+    return {path.name: read_jsonl(path) for path in sorted(directory.glob("w*"))}
+
+
+class ProcessWatch:
+    """A process that is not our child (a worker of a `headrace run --workers`), to wait for
+    its end: a pidfd, opened while the process runs so that a later reuse of its pid cannot
+    fool the wait; it becomes readable when the process exits, reaped or not."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd = os.pidfd_open(pid)
+
+    async def wait_gone(self, timeout: float = 10) -> None:
+        try:
+            with trio.fail_after(timeout):
+                await trio.lowlevel.wait_readable(self.fd)
+        except trio.TooSlowError:
+            raise AssertionError(f"process {self.pid} still runs after {timeout}s") from None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+async def metrics_samples(port: int) -> dict[str, float]:
+    """``GET /metrics`` from 127.0.0.1:``port``: ``name{labels}`` -> value (status 200 checked)."""
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            data = b""
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK"), head
+    samples: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            samples[key] = float(value)
+    return samples

@@ -5,6 +5,11 @@
 methods, over HTTP/1.1 with ``Connection: close`` (one request per connection; Prometheus
 scrapes are one request each anyway). Every metric is named ``headrace_...`` and labelled with
 the pipeline's name; see docs/cli.md for the list.
+
+With ``headrace run --workers N`` one endpoint, in the supervisor, serves the whole pipeline: the
+:class:`Snapshot` then holds the workers' summed stats, ``state_counts`` (how many workers have
+each actor in each state: the actor-state gauges become counts, 1/0 being the one-process case)
+and the worker gauges ``headrace_workers`` and ``headrace_worker_restarts_total``.
 """
 
 from __future__ import annotations
@@ -53,6 +58,14 @@ class Snapshot:
     states: dict[str, str]
     draining: bool = False
     started_at: float = 0.0  # Unix time
+    #: With ``--workers``: actor -> state -> how many workers have the actor in that state
+    #: (rendered instead of ``states``).
+    state_counts: dict[str, dict[str, int]] | None = None
+    #: With ``--workers``: worker processes running; ``None`` for a single process (no worker
+    #: metrics are rendered).
+    workers: int | None = None
+    #: With ``--workers``: times a dead worker was replaced.
+    worker_restarts: int = 0
 
 
 def _escape(value: str) -> str:
@@ -121,19 +134,32 @@ def render(snap: Snapshot) -> str:
         "When the pipeline started, in seconds since the Unix epoch.",
         [(label, snap.started_at)],
     )
+    counts = snap.state_counts
+    help_ = "How many workers have each actor in each state."
+    if counts is None:
+        counts = {actor: {current: 1} for actor, current in snap.states.items()}
+        help_ = "1 for the state each actor is in, 0 for the others."
     samples: list[tuple[str, float]] = []
-    for actor, current in snap.states.items():
-        states = STATES if current in STATES else [*STATES, current]
+    for actor, by_state in counts.items():
+        states = STATES + [s for s in by_state if s not in STATES]
         samples.extend(
-            (f'{label},actor="{_escape(actor)}",state="{_escape(state)}"', int(state == current))
+            (f'{label},actor="{_escape(actor)}",state="{_escape(state)}"', by_state.get(state, 0))
             for state in states
         )
-    metric(
-        "headrace_actor_state",
-        "gauge",
-        "1 for the state each actor is in, 0 for the others.",
-        samples,
-    )
+    metric("headrace_actor_state", "gauge", help_, samples)
+    if snap.workers is not None:
+        metric(
+            "headrace_workers",
+            "gauge",
+            "Worker processes running (headrace run --workers).",
+            [(label, snap.workers)],
+        )
+        metric(
+            "headrace_worker_restarts_total",
+            "counter",
+            "Worker processes started again after one died.",
+            [(label, snap.worker_restarts)],
+        )
     return "\n".join(out) + "\n"
 
 

@@ -10,6 +10,11 @@ error by default, so that standard output stays free for a sink that writes ther
   (:class:`EventsOnly`: the event lines alone).
 - :class:`JsonLines`: one JSON object per line, ``{"ts", "event", "pipeline", ...}``; progress
   objects carry the stats snapshot, the rates and the actor states.
+
+With ``--workers N`` the same reporters show the supervisor's view (:mod:`headrace.cli.workers`):
+a :class:`Sample` whose stats are the workers' sums and whose ``workers`` lists each worker
+process (:class:`WorkerStatus`). Without workers, ``workers`` is empty and nothing about workers
+is shown: a single process's output is unchanged.
 """
 
 from __future__ import annotations
@@ -25,6 +30,22 @@ import attrs
 
 
 @attrs.frozen(slots=True, kw_only=True)
+class WorkerStatus:
+    """One worker process of ``headrace run --workers N``, as its supervisor sees it."""
+
+    index: int
+    #: The current process, ``None`` between two (while waiting to restart it).
+    pid: int | None
+    #: ``starting`` (spawned, pipeline not running yet), ``running``, ``draining``,
+    #: ``restarting`` (waiting out the backoff) or ``exited``.
+    state: str
+    #: Times a new process replaced a dead one.
+    restarts: int
+    #: Messages this worker took, over all its processes.
+    messages_in: int
+
+
+@attrs.frozen(slots=True, kw_only=True)
 class Sample:
     """One look at a running pipeline."""
 
@@ -37,6 +58,12 @@ class Sample:
     #: Records committed by sinks per second since the previous sample.
     out_rate: float
     draining: bool = False
+    #: With ``--workers``: every worker process, by index (``stats`` are then their sums).
+    workers: tuple[WorkerStatus, ...] = ()
+
+
+def _workers_running(workers: tuple[WorkerStatus, ...]) -> int:
+    return sum(1 for w in workers if w.state == "running")
 
 
 def _now() -> str:
@@ -91,6 +118,9 @@ class JsonLines(Reporter):
     """One JSON object per line."""
 
     def progress(self, sample: Sample) -> None:
+        extra: dict[str, Any] = {}
+        if sample.workers:
+            extra["workers"] = [attrs.asdict(w) for w in sample.workers]
         self.event(
             "progress",
             sample.pipeline,
@@ -100,6 +130,7 @@ class JsonLines(Reporter):
             draining=sample.draining,
             stats=sample.stats,
             states=sample.states,
+            **extra,
         )
 
     def event(self, event: str, pipeline: str, **fields: Any) -> None:
@@ -133,6 +164,13 @@ class PlainLines(Reporter):
         ]
         if others:
             parts.append(f"actors_other={others}")
+        if sample.workers:
+            workers = sample.workers
+            parts.append(f"workers_running={_workers_running(workers)}/{len(workers)}")
+            parts.append(f"worker_restarts={sum(w.restarts for w in workers)}")
+            idle = ",".join(f"{w.index}:{w.state}" for w in workers if w.state != "running")
+            if idle:
+                parts.append(f"workers_other={idle}")
         self._line("progress", sample.pipeline, " ".join(parts))
 
     def event(self, event: str, pipeline: str, **fields: Any) -> None:
@@ -193,6 +231,7 @@ class LiveView(Reporter):
             f"  acks    {s['acks']:>12,}   naks {s['naks']:,}   terms {s['terms']:,}"
             f"   dead-lettered {s['dead_lettered']:,}   in progress {s['in_progress']:,}",
             f"  errors  {s['errors']:>12,}   {self._last_error}",
+            *self._worker_lines(sample.workers),
             "  actors",
         ]
         counts = Counter(sample.states.values())
@@ -202,6 +241,23 @@ class LiveView(Reporter):
         for name, state in sample.states.items():
             lines.append(f"    {name:<{name_width}}  {state}")
         return [line[:width] for line in lines]
+
+    @staticmethod
+    def _worker_lines(workers: tuple[WorkerStatus, ...]) -> list[str]:
+        if not workers:
+            return []
+        restarts = sum(w.restarts for w in workers)
+        lines = [
+            f"  workers {_workers_running(workers):>12,} running of {len(workers)}"
+            f"   restarts {restarts:,}"
+        ]
+        for w in workers:
+            pid = str(w.pid) if w.pid is not None else "-"
+            lines.append(
+                f"    #{w.index:<3} pid {pid:>8}  {w.state:<10}  in {w.messages_in:>12,}"
+                f"   restarts {w.restarts:,}"
+            )
+        return lines
 
     def _draw(self, prefix: str = "") -> None:
         if self._last is None:

@@ -12,6 +12,9 @@ committed and acked, within the drain timeout); a second one stops it at once. E
   them after their ack wait);
 - 128 + the signal number (130 for SIGINT, 143 for SIGTERM): stopped at once by a second signal;
   what was not committed is redelivered.
+
+With ``--workers N`` this process supervises N worker processes of the pipeline instead of
+running it (:mod:`headrace.cli.workers`), with the same signals and exit codes.
 """
 
 from __future__ import annotations
@@ -129,6 +132,17 @@ def add_parser(commands: Any) -> None:
         metavar="PORT",
         help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: a free port)",
     )
+    scale = parser.add_argument_group("workers")
+    scale.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help=(
+            "run N worker processes of the pipeline on this host, sharing its durable "
+            "consumers: one progress view and metrics endpoint with their sums, one drain; a "
+            "worker that dies is restarted"
+        ),
+    )
     parser.set_defaults(func=command)
 
 
@@ -146,6 +160,13 @@ def prepare(target: str, overrides: Overrides) -> Pipeline:
 
 
 def command(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: the workers module imports this one.
+    from headrace.cli import workers
+
+    if args.workers is None:
+        workers.watch_supervisor()  # in a worker of `--workers N`: end with the supervisor
+    elif args.workers < 1:
+        return _fail(f"--workers must be at least 1, not {args.workers}")
     if args.interval is not None and not args.interval > 0:
         return _fail("--interval must be positive")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
@@ -157,7 +178,8 @@ def command(args: argparse.Namespace) -> int:
             durables=args.durable,
             drain_timeout=args.drain_timeout,
         )
-        pipe = prepare(args.target, overrides)
+        with workers.loading_environment(args.workers):
+            pipe = prepare(args.target, overrides)
     except (TargetError, OverrideError, UnknownSink, SinkLoadError) as exc:
         return _fail(str(exc))
     except PipelineError as exc:
@@ -169,6 +191,11 @@ def command(args: argparse.Namespace) -> int:
     mode = "json" if args.json_logs else args.progress
     reporter = make_reporter(mode, sys.stderr)
     interval = args.interval or (1.0 if isinstance(reporter, LiveView) else 5.0)
+    if args.workers is not None:
+        try:
+            return workers.supervise(args, pipe, reporter, interval=interval)
+        finally:
+            reporter.close()
     runner = Runner(pipe, kwargs, reporter, interval=interval, metrics_port=args.metrics_port)
     # The collector settings for streaming (gc_tuning.py), put back for in-process callers.
     gc_settings = tune_gc()
