@@ -247,6 +247,20 @@ class SharedWriter:
             await self._run(self.sink._register, [])
         return report
 
+    async def maintain(self) -> None:
+        """Between batches: a sweep if one is due (a worker with nothing to write still
+        finishes what dead workers left), and this worker's published attempts taken out."""
+        if self._lock.locked():
+            return
+        async with self._lock:
+            if trio.current_time() >= self._next_sweep:
+                await self.sweep()
+            if self._published:
+                # Idle: the last attempt's files are in place; no next commit is coming soon
+                # to take it out of the state, so take it out now.
+                await self.coordinator.forget(self._published)
+                self._published = []
+
     async def close(self) -> None:
         """Publish what this worker committed and did not publish (a cut-off commit), take its
         attempts out of the state, release the output."""

@@ -282,6 +282,12 @@ class SparkSink:
             threading.Thread(target=self._cancel_jobs, args=(tag,), daemon=True).start()
             raise
 
+    async def maintain(self) -> None:
+        """Idle upkeep (the pipeline calls it between batches): a shared output's sweep, when
+        one is due."""
+        if self._shared is not None:
+            await self._shared.maintain()
+
     async def close(self) -> None:
         shared, self._shared = self._shared, None
         if shared is not None:

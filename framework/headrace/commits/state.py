@@ -206,7 +206,8 @@ class CommitState:
             known = streams.get(identity.name) or StreamCommits(identity.created)
             streams[identity.name] = known.with_commit(part, 0)
         streams = _with_floors(streams, floors)
-        unpublished = {t: u for t, u in self.unpublished.items() if t not in set(forget)}
+        drop = set(forget)  # once: ``forget`` may be a one-shot iterator
+        unpublished = {t: u for t, u in self.unpublished.items() if t not in drop}
         unpublished[attempt.token] = Unpublished(worker, at)
         return Committed(
             attrs.evolve(self, streams=streams, unpublished=unpublished, commits=self.commits + 1)

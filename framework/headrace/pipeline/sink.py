@@ -7,11 +7,15 @@ A sink has three methods, each either a coroutine function or a plain one:
   after it returns, never before;
 - ``close()`` after the last batch (also after a failure).
 
-and may have a fourth, ``bind(context)``, called before ``open()`` with a :class:`SinkContext`:
-where the sink runs (pipeline, sink name, this worker), the JetStream connection, and the
-identities and ack floors of the streams it is fed from. A sink whose output is shared by
-several workers uses them to take part in the commit protocol (headrace.commits,
-docs/scaling.md).
+and may have two more:
+
+- ``bind(context)``, called before ``open()`` with a :class:`SinkContext`: where the sink runs
+  (pipeline, sink name, this worker), the JetStream connection, and the identities and ack
+  floors of the streams it is fed from. A sink whose output is shared by several workers uses
+  them to take part in the commit protocol (headrace.commits, docs/scaling.md);
+- ``maintain()``, called when the sink has had nothing to write for a second (and then every
+  second while idle): upkeep that must go on without batches, such as a shared output's sweep
+  of what dead workers left. It must return quickly when there is nothing due.
 
 Async sinks run on the event loop. Sync sinks run in a worker thread, one call at a time per
 sink, so a blocking write never stalls the loop. ``name`` (optional) names the sink in graphs,
@@ -159,6 +163,9 @@ class SinkRunner:
 
     async def open(self) -> None:
         await self._call("open")
+
+    async def maintain(self) -> None:
+        await self._call("maintain")
 
     async def write_batch(self, batch: Batch) -> None:
         await self._call("write_batch", batch)

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from headrace.pipeline.source import JetStreamSource
 
 INBOX_BATCHES = 8
+#: A sink with nothing to write for this long (seconds) is given a turn at its upkeep.
+MAINTAIN_IDLE = 1.0
 
 
 class _End:
@@ -363,7 +365,13 @@ class SinkStage(Stage):
         await self.runner.open()
         try:
             while True:
-                item = await self.inbox.receive()
+                item: Item | None = None
+                with trio.move_on_after(MAINTAIN_IDLE):
+                    item = await self.inbox.receive()
+                if item is None:
+                    # Idle: the sink's own upkeep (a shared output's sweep) gets its turn.
+                    await self.runner.maintain()
+                    continue
                 if isinstance(item, _End):
                     if self.ended():
                         return

@@ -1,0 +1,215 @@
+"""Exactly once with several workers on one output, under the faults that break it in
+production (workers_support.py runs them): every scenario publishes tens of thousands of
+orders with unique ids, runs ``headrace run`` workers of one pipeline on one durable consumer
+into one Spark sink output, injects its faults, waits until the server says every message is
+acked, and then asserts on what Spark reads back: 0 missing, 0 duplicated; the consumer's ack
+floor at the stream's last sequence; nothing left staged, nothing committed and unpublished.
+
+The workers write with Arrow's writer (no JVM per worker on a two-core machine); the commit
+protocol around the write is the same for Spark's writer, which test_spark_workers_cluster.py
+runs (Spark Connect, a NATS cluster).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from natspy_peer import consumer_info, wait_consumer
+from workers_support import (
+    count_orders,
+    create_orders,
+    running_workers,
+    wait_quiet_output,
+    write_pipeline,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+N = 30_000
+ACK_WAIT = 3.0
+STALE_AFTER = 6.0
+
+
+def all_acked(n: int) -> Any:
+    return lambda info: info.ack_floor.stream_seq == n and info.num_ack_pending == 0
+
+
+async def finish(
+    natspy: Any, spark: Any, workers: Any, out: Path, n: int = N, *, timeout: float = 180
+) -> dict[str, Any]:
+    """Wait until everything is acked and the output is quiet, stop the workers (they must exit
+    0), and check what Spark reads back."""
+    try:
+        await wait_consumer(natspy, all_acked(n), "ORDERS", "lake", timeout=timeout)
+        state = await wait_quiet_output(out, natspy, timeout=STALE_AFTER * 4)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{workers.transcript()}") from None
+    codes = await workers.stop_all()
+    assert codes == [0] * len(codes), workers.transcript()
+    info = await consumer_info(natspy, "ORDERS", "lake")
+    assert info.ack_floor.stream_seq == n and info.num_pending == 0, info
+    assert info.num_ack_pending == 0, info
+    counted = count_orders(spark, out, n)
+    assert counted == {"rows": n, "duplicates": 0, "missing": 0, "duplicated_seqs": 0}, (
+        counted,
+        workers.log,
+    )
+    assert state["streams"]["ORDERS"]["floor"] == n, state
+    return state
+
+
+async def test_random_sigkills_of_three_workers(
+    nats_server: Any, natspy: Any, spark: Any, tmp_path: Path
+) -> None:
+    await natspy.connect(nats_server.url)
+    await create_orders(natspy, N)
+    out, control = tmp_path / "out", tmp_path / "control"
+    pipeline = write_pipeline(tmp_path, out, control, ack_wait=ACK_WAIT, stale_after=STALE_AFTER)
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    async with running_workers(pipeline, nats_server.url, tmp_path, 3) as workers:
+        workers.log.append(f"seed {seed}")
+        await wait_consumer(natspy, lambda i: i.ack_floor.stream_seq > 0, "ORDERS", "lake", 60)
+        for kill in range(10):
+            if kill == 5:
+                # One kill lands exactly between a commit and its ack: the attempt is
+                # committed, not published, its messages unacked.
+                (control / "kill-after-commit").touch()
+                killer = await workers.wait_stdout_event("killing", timeout=30)
+                with trio.fail_after(10):
+                    await workers.current[killer].proc.wait()
+                workers.ended.append(workers.current[killer])
+                workers.log.append(f"worker {killer} killed itself after a commit")
+                await workers.start(killer)
+                continue
+            await trio.sleep(rng.uniform(0.3, 1.5))  # a random moment: the fault itself
+            await workers.kill(rng.randrange(3))
+        info = await consumer_info(natspy, "ORDERS", "lake")
+        assert info.ack_floor.stream_seq < N, "the kills came after the end; slow the workers"
+        state = await finish(natspy, spark, workers, out)
+    # Somebody's sweep published the attempt committed by the worker that killed itself.
+    reports = workers.sink_reports()
+    assert sum(r["swept_rolled"] for r in reports) >= 1 or state["commits"] > 0, reports
+
+
+@pytest.mark.parametrize("n_workers", [1, 3])
+async def test_workers_stalled_past_ack_wait(
+    nats_server: Any, natspy: Any, spark: Any, tmp_path: Path, n_workers: int
+) -> None:
+    await natspy.connect(nats_server.url)
+    await create_orders(natspy, N)
+    out, control = tmp_path / "out", tmp_path / "control"
+    pipeline = write_pipeline(tmp_path, out, control, ack_wait=ACK_WAIT, stale_after=STALE_AFTER)
+    async with running_workers(pipeline, nats_server.url, tmp_path, n_workers) as workers:
+        for stall in range(3):
+            await wait_consumer(
+                natspy,
+                lambda i, s=stall: i.ack_floor.stream_seq > N * s // 4,
+                "ORDERS",
+                "lake",
+                60,
+            )
+            await workers.stall(stall % n_workers, ACK_WAIT + 2)
+        state = await finish(natspy, spark, workers, out)
+    reports = workers.sink_reports()
+    # The stalls made the server redeliver what the stalled worker held (this is what the
+    # test is about), and the output still holds each order once.
+    redelivered = sum(
+        e["stats"]["redeliveries"] for w in workers.ended for e in w.log_events("stopped")
+    )
+    assert redelivered > 0, reports
+    assert state["commits"] == sum(r["commits"] for r in reports), (state, reports)
+
+
+async def test_a_write_that_hangs_past_ack_wait(
+    nats_server: Any, natspy: Any, spark: Any, tmp_path: Path
+) -> None:
+    """One worker's write hangs for twice the ack wait (a slow Spark job): its loop keeps the
+    messages it holds from redelivery (+WPI), and when the write ends they are committed
+    once, with everything else the other workers wrote meanwhile."""
+    await natspy.connect(nats_server.url)
+    await create_orders(natspy, N)
+    out, control = tmp_path / "out", tmp_path / "control"
+    pipeline = write_pipeline(tmp_path, out, control, ack_wait=ACK_WAIT, stale_after=STALE_AFTER)
+    async with running_workers(pipeline, nats_server.url, tmp_path, 3) as workers:
+        await wait_consumer(natspy, lambda i: i.ack_floor.stream_seq > 0, "ORDERS", "lake", 60)
+        (control / "hang").write_text(str(ACK_WAIT * 2))
+        index = await workers.wait_stdout_event("hanging", timeout=30)
+        hung = workers.current[index]
+        workers.log.append(f"worker {index}'s write hangs")
+        await finish(natspy, spark, workers, out)
+    (stopped,) = hung.log_events("stopped")
+    assert stopped["stats"]["in_progress"] > 0, stopped
+
+
+async def test_two_workers_commit_the_same_redelivered_batch_at_once(
+    nats_server: Any, natspy: Any, spark: Any, tmp_path: Path
+) -> None:
+    """The race forced: worker A stages a batch and waits before its commit; it is stopped
+    past the ack wait, so worker B receives the same messages again, stages them, and waits
+    too; then both commit at the same moment. Exactly one commit holds each order."""
+    n = 2_000
+    await natspy.connect(nats_server.url)
+    await create_orders(natspy, n)
+    out, control = tmp_path / "out", tmp_path / "control"
+    pipeline = write_pipeline(
+        tmp_path, out, control, ack_wait=ACK_WAIT, stale_after=60, batch=n, stage_sleep=0
+    )
+    (control / "gate").touch()
+    async with running_workers(pipeline, nats_server.url, tmp_path, 1) as workers:
+        a = workers.current[0]
+        await wait_for_files(control, "waiting-", 1)
+        a.proc.send_signal(signal.SIGSTOP)  # A holds its staged batch, unacked
+        try:
+            # Past the ack wait the server redelivers A's messages to B.
+            await trio.sleep(ACK_WAIT + 1)
+            await workers.start(1)
+            await wait_for_files(control, "waiting-", 2)
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        waiting = sorted(p.name for p in control.glob("waiting-*"))
+        (control / "gate").unlink()
+        (control / "go").touch()  # both commit now
+        state = await finish(natspy, spark, workers, out, n)
+    reports = workers.sink_reports()
+    assert len(reports) == 2 and len(waiting) == 2, (reports, waiting)
+    # Both staged the same orders; one commit won them, the other found them committed.
+    assert sum(r["overlaps"] for r in reports) == 1, reports
+    assert state["commits"] == sum(r["commits"] for r in reports), (state, reports)
+
+
+async def test_eight_workers_share_one_output(
+    nats_server: Any, natspy: Any, spark: Any, tmp_path: Path
+) -> None:
+    """Eight workers on a two-core machine, no faults: every commit succeeds (no batch
+    failed), and the compare-and-set races they run into are retried a bounded number of
+    times."""
+    await natspy.connect(nats_server.url)
+    await create_orders(natspy, N)
+    out, control = tmp_path / "out", tmp_path / "control"
+    pipeline = write_pipeline(
+        tmp_path, out, control, ack_wait=10, stale_after=STALE_AFTER, stage_sleep=0.02
+    )
+    async with running_workers(pipeline, nats_server.url, tmp_path, 8) as workers:
+        state = await finish(natspy, spark, workers, out)
+    reports = workers.sink_reports()
+    assert len(reports) == 8, reports
+    stopped = [e["stats"] for w in workers.ended for e in w.log_events("stopped")]
+    assert all(s["batches_failed"] == 0 and s["errors"] == 0 for s in stopped), stopped
+    assert sum(s["records_out"] for s in stopped) >= N
+    assert state["commits"] == sum(r["commits"] for r in reports)
+    # Refusals happen (eight writers of one key), each resolved within a few retries.
+    worst = max(r["max_refusals"] for r in reports)
+    assert worst <= 20, reports
+
+
+async def wait_for_files(directory: Path, prefix: str, count: int, timeout: float = 60) -> None:
+    """Until ``count`` files named ``prefix...`` exist (written by the workers: polled)."""
+    with trio.fail_after(timeout):
+        while len(list(directory.glob(prefix + "*"))) < count:  # noqa: ASYNC110, ASYNC240
+            await trio.sleep(0.05)
