@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 from headrace.commits.coordinator import CommitCoordinator
+from headrace.commits.errors import StreamRecreated
 from headrace.commits.identity import Attempt, StreamIdentity
 from headrace.commits.seqset import SeqSet
 from headrace.commits.state import Committed, Expired, Overlap
@@ -129,6 +130,16 @@ class SharedWriter:
     # -- the batch --------------------------------------------------------------------------
 
     async def write(self, batch: Batch, tag: str) -> CommitInfo | None:
+        try:
+            return await self._write(batch, tag)
+        except StreamRecreated as exc:
+            # Named by its directory, which `headrace outputs reset` takes (the state knows
+            # only the output's id).
+            raise StreamRecreated(
+                str(self.output.root), exc.stream, exc.recorded, exc.current
+            ) from None
+
+    async def _write(self, batch: Batch, tag: str) -> CommitInfo | None:
         async with self._lock:
             if trio.current_time() >= self._next_sweep:
                 await self.sweep()

@@ -12,6 +12,7 @@ runs (Spark Connect, a NATS cluster).
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 import trio
 from natspy_peer import consumer_info, wait_consumer
 from workers_support import (
+    HEADRACE,
     count_orders,
     create_orders,
     running_workers,
@@ -213,3 +215,67 @@ async def wait_for_files(directory: Path, prefix: str, count: int, timeout: floa
     with trio.fail_after(timeout):
         while len(list(directory.glob(prefix + "*"))) < count:  # noqa: ASYNC110, ASYNC240
             await trio.sleep(0.05)
+
+
+async def test_a_recreated_stream_is_refused_until_its_commits_are_reset(
+    nats_server: Any, natspy: Any, spark: Any, tmp_path: Path
+) -> None:
+    """A stream deleted and created again under its name starts its sequences at 1 again. The
+    output's commits of the old stream must not make the new one's records look committed:
+    the worker stops with the documented error (exit 2), writes and acks nothing; after
+    ``headrace outputs reset`` the new stream is written."""
+    first, second = 2_000, 1_000
+    await natspy.connect(nats_server.url)
+    await create_orders(natspy, first)
+    out, control = tmp_path / "out", tmp_path / "control"
+    pipeline = write_pipeline(tmp_path, out, control, stale_after=STALE_AFTER, stage_sleep=0)
+    async with running_workers(pipeline, nats_server.url, tmp_path, 2) as workers:
+        await finish(natspy, spark, workers, out, first)
+
+    async def recreate() -> None:
+        await natspy.nc.jetstream().delete_stream("ORDERS")
+
+    await natspy.call(recreate)
+    await create_orders(natspy, second, start=10_000)
+    async with running_workers(pipeline, nats_server.url, tmp_path, 1) as workers:
+        worker = workers.current[0]
+        with trio.fail_after(60):
+            code = await worker.proc.wait()
+        with trio.move_on_after(10):
+            await worker.wait_eof()
+    stderr = "\n".join(worker.err)
+    assert code == 2, worker.transcript()
+    assert "stream 'ORDERS' was created at" in stderr, stderr
+    assert f"headrace outputs reset {out} --stream ORDERS" in stderr, stderr
+    info = await consumer_info(natspy, "ORDERS", "lake")
+    assert info.ack_floor.stream_seq == 0, info  # nothing acked, nothing terminated
+    assert count_orders(spark, out, first) == {
+        "rows": first,
+        "duplicates": 0,
+        "missing": 0,
+        "duplicated_seqs": 0,
+    }
+
+    shown = await run_headrace("outputs", "show", str(out), "--json", "--nats", nats_server.url)
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert summary["state"]["streams"]["ORDERS"]["floor"] == first, summary
+    reset = await run_headrace(
+        "outputs", "reset", str(out), "--stream", "ORDERS", "--nats", nats_server.url
+    )
+    assert reset.returncode == 0, reset.stderr
+    assert b"commits of stream 'ORDERS'" in reset.stdout and b"are forgotten" in reset.stdout
+
+    async with running_workers(pipeline, nats_server.url, tmp_path, 1) as workers:
+        await wait_consumer(natspy, all_acked(second), "ORDERS", "lake", timeout=60)
+        assert await workers.stop_all() == [0]
+    rows = spark.read.parquet(str(out)).select("data").collect()
+    ids = sorted(json.loads(bytes(r["data"]))["id"] for r in rows)
+    assert ids == [*range(first), *range(10_000, 10_000 + second)]
+
+
+async def run_headrace(*args: str) -> Any:
+    with trio.fail_after(60):
+        return await trio.run_process(
+            [HEADRACE, *args], capture_stdout=True, capture_stderr=True, check=False
+        )

@@ -1,7 +1,7 @@
 """``headrace``: the command-line entry point.
 
 Subcommands are added by the issues that deliver them (``run``, ``demo``, ``graph``,
-``checkpoints``); each lives in its own module and registers its parser here.
+``checkpoints``, ``outputs``); each lives in its own module and registers its parser here.
 """
 
 from __future__ import annotations
@@ -175,12 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(func=_bench)
 
-    from headrace.cli import checkpoints, demo, graph, run
+    from headrace.cli import checkpoints, demo, graph, outputs, run
 
     checkpoints.add_parser(commands)
     demo.add_parser(commands)
     run.add_parser(commands)
     graph.add_parser(commands)
+    outputs.add_parser(commands)
     return parser
 
 

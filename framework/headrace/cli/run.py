@@ -7,7 +7,9 @@ committed and acked, within the drain timeout); a second one stops it at once. E
 - 1: the pipeline failed at run time (an actor failed for good; the connection was lost for good);
 - 2: a usage or configuration error: bad options, a TARGET that does not load or is not a
   pipeline, an invalid pipeline (PipelineError), an unknown sink plugin, no server to connect
-  to, credentials or TLS refused, a stream or consumer the pipeline cannot use;
+  to, credentials or TLS refused, a stream or consumer the pipeline cannot use, an output it
+  must not write (another pipeline's, or one holding the commits of a stream since recreated:
+  see ``headrace outputs``);
 - 3: the drain timed out: messages taken were not all committed and acked (the server redelivers
   them after their ack wait);
 - 128 + the signal number (130 for SIGINT, 143 for SIGTERM): stopped at once by a second signal;
@@ -34,6 +36,7 @@ from headrace.cli.options import add_connection_arguments, connect_kwargs
 from headrace.cli.overrides import OverrideError, Overrides
 from headrace.cli.progress import LiveView, Reporter, Sample, make_reporter
 from headrace.cli.target import TargetError, load_target
+from headrace.commits.errors import OutputConflict
 from headrace.errors import NatsError
 from headrace.jetstream.errors import (
     ConsumerNotFound,
@@ -56,9 +59,12 @@ EXIT_DRAIN_INCOMPLETE = 3
 #: After a second signal, how long the hard stop may take before the process just exits.
 HARD_STOP_GRACE = 2.0
 
-#: Errors at run time that come from configuration, not from a failure: exit code 2.
+#: Errors at run time that come from configuration, not from a failure: exit code 2. An
+#: output the pipeline must not write (another pipeline's, a recreated stream's) is one: the
+#: user decides (docs/scaling.md), and restarting a worker would not change the answer.
 CONFIG_ERRORS: tuple[type[BaseException], ...] = (
     PipelineError,
+    OutputConflict,
     StreamNotFound,
     ConsumerNotFound,
     JetStreamNotEnabled,

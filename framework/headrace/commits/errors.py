@@ -34,6 +34,7 @@ class StreamRecreated(OutputConflict):
     """A stream of the name the output's commits are recorded under was created anew (deleted
     and created again): its sequences start over, so "already committed" would be a lie.
 
+    ``output`` names the output (its directory, where a sink knows it; else its id);
     ``recorded`` and ``current`` are the creation times of the old and the new stream.
     """
 
