@@ -76,7 +76,8 @@ async def wait_consumer(
     """Consumer info once ``predicate(info)`` holds (a consumer not created yet counts as not
     matching). Polls, briefly and under a time limit: the server's consumer state has no event
     a client can wait for."""
-    from nats.js.errors import NotFoundError
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import NotFoundError, ServiceUnavailableError
 
     info = None
     try:
@@ -84,7 +85,8 @@ async def wait_consumer(
             while True:
                 try:
                     info = await consumer_info(natspy, stream, durable)
-                except NotFoundError:
+                except (NotFoundError, NatsTimeout, ServiceUnavailableError):
+                    # Not there yet; or, in a cluster, its leader being elected again.
                     pass
                 else:
                     if predicate(info):

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 from headrace.commits.coordinator import CommitCoordinator
-from headrace.commits.errors import StreamRecreated
+from headrace.commits.errors import OutputConflict, StreamRecreated
 from headrace.commits.identity import Attempt, StreamIdentity
 from headrace.commits.seqset import SeqSet
 from headrace.commits.state import Committed, Expired, Overlap
@@ -264,13 +264,24 @@ class SharedWriter:
         if self._lock.locked():
             return
         async with self._lock:
-            if trio.current_time() >= self._next_sweep:
-                await self.sweep()
-            if self._published:
-                # Idle: the last attempt's files are in place; no next commit is coming soon
-                # to take it out of the state, so take it out now.
-                await self.coordinator.forget(self._published)
-                self._published = []
+            try:
+                if trio.current_time() >= self._next_sweep:
+                    await self.sweep()
+                if self._published:
+                    # Idle: the last attempt's files are in place; no next commit is coming
+                    # soon to take it out of the state, so take it out now.
+                    await self.coordinator.forget(self._published)
+                    self._published = []
+            except OutputConflict:
+                raise
+            except Exception as exc:
+                # Upkeep, not a batch: the next turn tries again (a server failing over).
+                self._next_sweep = trio.current_time() + self.sink.sweep_interval
+                warnings.warn(
+                    f"{self.sink!r}: the output's upkeep failed, tried again later ({exc!r})",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
 
     async def close(self) -> None:
         """Publish what this worker committed and did not publish (a cut-off commit), take its

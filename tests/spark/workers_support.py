@@ -251,7 +251,8 @@ class Workers:
             worker.proc.send_signal(signal.SIGCONT)
 
     async def stop_all(self, timeout: float = 90) -> list[int]:
-        """SIGTERM every worker (they drain) and their exit codes."""
+        """SIGTERM every worker (they drain) and their exit codes (see ``transcript(ended=True)``
+        for what they said)."""
         for worker in self.current:
             worker.proc.send_signal(signal.SIGTERM)
         codes = []
@@ -276,8 +277,9 @@ class Workers:
         except trio.TooSlowError:
             raise AssertionError(f"no worker said {name!r}\n{self.transcript()}") from None
 
-    def transcript(self) -> str:
-        return "\n".join(self.log) + "\n" + "\n".join(w.transcript() for w in self.current)
+    def transcript(self, *, ended: bool = False) -> str:
+        shown = [*self.ended, *self.current] if ended else self.current
+        return "\n".join(self.log) + "\n" + "\n".join(w.transcript() for w in shown)
 
     def sink_reports(self) -> list[dict[str, Any]]:
         return [e for w in self.ended for e in w.stdout_events("sink")]
@@ -316,12 +318,30 @@ async def create_orders(natspy: Any, n: int, *, replicas: int = 1, start: int = 
             await js.add_stream(name="ORDERS", subjects=["orders.>"], num_replicas=replicas)
 
     async def publish(ids: range) -> None:
+        # Each with a message id, retried until the stream acks it: a replicated stream just
+        # created may not answer its first publishes (no leader yet), and a retry of one that
+        # did land is then dropped as a duplicate by the stream.
         js = natspy.nc.jetstream()
         for first in range(ids.start, ids.stop, 500):
-            chunk = range(first, min(first + 500, ids.stop))
-            await asyncio.gather(
-                *(js.publish("orders.new", json.dumps({"id": i}).encode()) for i in chunk)
-            )
+            todo = list(range(first, min(first + 500, ids.stop)))
+            for _ in range(50):
+                results = await asyncio.gather(
+                    *(
+                        js.publish(
+                            "orders.new",
+                            json.dumps({"id": i}).encode(),
+                            headers={"Nats-Msg-Id": f"order-{i}"},
+                        )
+                        for i in todo
+                    ),
+                    return_exceptions=True,
+                )
+                todo = [i for i, r in zip(todo, results, strict=True) if isinstance(r, Exception)]
+                if not todo:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f"{len(todo)} orders could not be published")
 
     await natspy.call(make)
     for first in range(start, start + n, 5000):  # each call within nats-py's 20 s limit

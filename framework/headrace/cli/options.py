@@ -25,8 +25,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         dest="servers",
         help=(
-            "a NATS server URL; repeat for several (default: $NATS_URL, comma-separated, "
-            f"else {DEFAULT_URL})"
+            "a NATS server URL, or several separated by commas; may be repeated (default: "
+            f"$NATS_URL, comma-separated, else {DEFAULT_URL})"
         ),
     )
     group.add_argument("--creds", metavar="FILE", help="a .creds file (user JWT and nkey seed)")
@@ -71,7 +71,7 @@ def connect_kwargs(args: argparse.Namespace, name: str) -> dict[str, Any]:
         if path is not None and not os.path.isfile(os.path.expanduser(path)):
             raise ValueError(f"{option} {path!r}: no such file")
     return {
-        "servers": list(args.servers or default_servers()),
+        "servers": _split(args.servers) or default_servers(),
         "user": args.user,
         "password": args.password,
         "token": args.token,
@@ -81,3 +81,9 @@ def connect_kwargs(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "name": name,
         "connect_timeout": args.connect_timeout,
     }
+
+
+def _split(values: list[str] | None) -> list[str]:
+    """``--nats a,b --nats c`` is three servers: a cluster's URLs are often written as one
+    comma-separated list, as in $NATS_URL and the nats CLI."""
+    return [u.strip() for value in values or () for u in value.split(",") if u.strip()]

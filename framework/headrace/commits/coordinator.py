@@ -38,9 +38,7 @@ from headrace.commits.errors import (
 from headrace.commits.identity import Attempt, StreamIdentity, now_ms
 from headrace.commits.seqset import SeqSet
 from headrace.commits.state import CommitOutcome, CommitState, Committed, Overlap
-from headrace.errors import ConnectionClosedError, NatsError
 from headrace.jetstream.context import JetStream
-from headrace.jetstream.errors import JetStreamError
 from headrace.jetstream.kv import (
     BucketExists,
     BucketNotFound,
@@ -52,6 +50,7 @@ from headrace.jetstream.kv import (
     create_key_value,
     key_value,
 )
+from headrace.jetstream.transient import is_transient, retry_transient
 
 #: The bucket every output's commit state lives in unless told otherwise.
 DEFAULT_BUCKET = "headrace_commits"
@@ -116,9 +115,9 @@ class CommitCoordinator:
         missing state is :class:`CommitStateMissing`. A state owned by someone else is
         :class:`OutputOwned`.
         """
-        kv = await _bucket(js, bucket, replicas, create)
+        kv = await retry_transient(lambda: _bucket(js, bucket, replicas, create))
         try:
-            entry = await kv.get(output)
+            entry = await retry_transient(lambda: kv.get(output))
         except KeyNotFound:
             if not create:
                 raise CommitStateMissing(
@@ -129,9 +128,11 @@ class CommitCoordinator:
                 ) from None
             state = CommitState(output=output, owner=owner)
             try:
-                revision = await kv.create(output, state.to_json())
+                # (Retried only while nothing answers: a create that landed unseen is then
+                # refused as KeyExists, and the state read back is the same.)
+                revision = await retry_transient(lambda: kv.create(output, state.to_json()))
             except KeyExists:
-                entry = await kv.get(output)
+                entry = await retry_transient(lambda: kv.get(output))
             else:
                 return cls(kv, state, revision, worker=worker)
         state = CommitState.from_json(entry.value, f"commit state {bucket}/{output}")
@@ -145,7 +146,13 @@ class CommitCoordinator:
     # -- reading ----------------------------------------------------------------------------
 
     async def refresh(self) -> CommitState:
-        """Read the current state (from the stream leader)."""
+        """Read the current state (from the stream leader), retrying transient failures (a
+        leader being elected, a reconnect) for up to ``deadline`` seconds:
+        :class:`CommitStateUnavailable` after that."""
+        await self._read_until(trio.current_time() + self.deadline, None)
+        return self.state
+
+    async def _read(self) -> None:
         with trio.fail_after(REQUEST_TIMEOUT):
             try:
                 entry = await self.kv.get(self.key)
@@ -156,7 +163,6 @@ class CommitCoordinator:
                 ) from exc
         self.state = CommitState.from_json(entry.value, f"commit state {self.kv.bucket}/{self.key}")
         self.revision = entry.revision
-        return self.state
 
     # -- changing ---------------------------------------------------------------------------
 
@@ -188,9 +194,13 @@ class CommitCoordinator:
             self.overlaps += 1
         return result
 
-    async def change(self, change: Callable[[CommitState], CommitState]) -> CommitState:
+    async def change(
+        self, change: Callable[[CommitState], CommitState], *, confirm_unchanged: bool = False
+    ) -> CommitState:
         """Write ``change(state)``, retrying as the module docs say; a change that returns the
-        state it was given writes nothing."""
+        state it was given writes nothing. ``confirm_unchanged``: such a change is tried once
+        more on a fresh read first (for a change that the state kept here, perhaps older than
+        the key's, could not apply yet: taking out an attempt another worker committed)."""
         deadline = trio.current_time() + self.deadline
         refusals = 0
         doubt: BaseException | None = None
@@ -199,6 +209,10 @@ class CommitCoordinator:
                 await self._read_until(deadline, doubt)
                 doubt = None
             new = change(self.state)
+            if new is self.state and confirm_unchanged:
+                confirm_unchanged = False
+                await self._read_until(deadline, None)
+                new = change(self.state)
             if new is self.state:
                 return new
             try:
@@ -218,11 +232,11 @@ class CommitCoordinator:
                     await trio.sleep(random.uniform(0, min(0.2, 0.002 * 2**refusals)))
                 await self._read_until(deadline, exc)
                 continue
-            except ConnectionClosedError:
-                raise
-            except (NatsError, JetStreamError, trio.TooSlowError) as exc:
-                # No answer, or an answer that is not a verdict on the write: it may have
-                # landed. Read until we know.
+            except Exception as exc:
+                # No answer, or an answer that is not a verdict on the write (nobody listening
+                # while a leader is elected): it may have landed. Read until we know.
+                if not (is_transient(exc) or isinstance(exc, BucketNotFound)):
+                    raise
                 self.in_doubt += 1
                 if trio.current_time() > deadline:
                     raise CommitStateUnavailable(
@@ -235,26 +249,20 @@ class CommitCoordinator:
             self.state, self.revision = new, revision
             return new
 
-    async def _read_until(self, deadline: float, cause: BaseException) -> None:
-        """Read the state, retrying transient failures (a leader being elected, a reconnect)
-        until ``deadline``."""
-        pause = 0.05
-        while True:
-            try:
-                await self.refresh()
-                return
-            except CommitStateMissing:
+    async def _read_until(self, deadline: float, cause: BaseException | None) -> None:
+        """Read the state, retrying transient failures until ``deadline``."""
+        try:
+            await retry_transient(self._read, deadline=max(0.0, deadline - trio.current_time()))
+        except CommitStateMissing:
+            raise
+        except Exception as exc:
+            if not is_transient(exc):
                 raise
-            except ConnectionClosedError:
-                raise
-            except (NatsError, JetStreamError, trio.TooSlowError) as exc:
-                if trio.current_time() > deadline:
-                    raise CommitStateUnavailable(
-                        f"output {self.key}: the commit state could not be read within "
-                        f"{self.deadline:.0f}s ({exc!r}, after {cause!r})"
-                    ) from exc
-                await trio.sleep(pause)
-                pause = min(pause * 2, 1.0)
+            after = f", after {cause!r}" if cause is not None else ""
+            raise CommitStateUnavailable(
+                f"output {self.key}: the commit state could not be read within "
+                f"{self.deadline:.0f}s ({exc!r}{after})"
+            ) from exc
 
     async def fence(self, horizon: int) -> CommitState:
         """Raise the horizon (attempts started before it can no longer commit)."""
@@ -262,11 +270,11 @@ class CommitCoordinator:
 
     async def forget(self, tokens: list[str]) -> CommitState:
         """Take published attempts out of the unpublished ones."""
-        return await self.change(lambda state: state.forget(tokens))
+        return await self.change(lambda state: state.forget(tokens), confirm_unchanged=True)
 
     async def report_floors(self, floors: Mapping[StreamIdentity, int]) -> CommitState:
         """Raise the streams' floors to the consumers' ack floors."""
-        return await self.change(lambda state: state.with_floors(floors))
+        return await self.change(lambda state: state.with_floors(floors), confirm_unchanged=True)
 
 
 async def _bucket(js: JetStream, bucket: str, replicas: int, create: bool) -> KeyValue:

@@ -309,7 +309,7 @@ class CommitState:
                 str(token): Unpublished(
                     _str(u["worker"]),
                     _int(u["at"]),
-                    tuple(_str(f) for f in u.get("replaces", ())),
+                    tuple(_str(f) for f in _list(u.get("replaces", []))),
                 )
                 for token, u in _dict(raw["unpublished"]).items()
             }
@@ -378,6 +378,12 @@ def _int(value: Any) -> int:
 def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{value!r} is not a string")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{value!r} is not a list")
     return value
 
 

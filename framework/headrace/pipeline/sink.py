@@ -28,6 +28,7 @@ anywhere else or failing it would lose or duplicate records.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -36,6 +37,7 @@ import trio
 
 from headrace.commits.coordinator import DEFAULT_BUCKET
 from headrace.commits.identity import StreamIdentity, new_worker_id
+from headrace.jetstream.transient import retry_transient
 from headrace.pipeline.batch import Batch
 
 if TYPE_CHECKING:
@@ -94,7 +96,7 @@ class SinkContext:
         known = self._identities.get(name)
         if known is not None and not (fresh and now - known[1] > IDENTITY_TTL):
             return known[0]
-        info = await self.js.stream_info(name)
+        info = await retry_transient(lambda: self.js.stream_info(name))
         identity = StreamIdentity.of(name, info.created)
         self._identities[name] = (identity, now)
         return identity
@@ -110,13 +112,12 @@ class SinkContext:
         for stream, consumers in by_stream.items():
             if any(c is None for c in consumers):
                 continue
-            lowest = min(
-                [
-                    (await self.js.consumer_info(stream, c)).ack_floor.stream_seq
-                    for c in consumers
-                    if c
-                ]
-            )
+            infos = [
+                await retry_transient(functools.partial(self.js.consumer_info, stream, c))
+                for c in consumers
+                if c
+            ]
+            lowest = min(info.ack_floor.stream_seq for info in infos)
             floors[await self.stream_identity(stream)] = lowest
         return floors
 
@@ -126,7 +127,7 @@ class SinkContext:
             return self._replicas
         found = 1
         for stream in {s for s, _ in self._consumers()}:
-            info = await self.js.stream_info(stream)
+            info = await retry_transient(functools.partial(self.js.stream_info, stream))
             found = max(found, info.config.num_replicas or 1)
         return min(found, 3)
 

@@ -239,9 +239,12 @@ class SharedOutput:
         return placed
 
     def discard(self, attempt: Attempt | Path) -> None:
-        """Delete an attempt's staged files (one that never committed)."""
+        """Delete an attempt's staged files (one that never committed), or a stray file."""
         path = attempt if isinstance(attempt, Path) else self.staging(attempt)
-        shutil.rmtree(path, ignore_errors=True)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
     def data_files(self, pattern: Any) -> Iterator[str]:
         """Published files (relative to the output) whose name matches ``pattern``."""
