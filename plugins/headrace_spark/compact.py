@@ -31,7 +31,7 @@ from headrace.commits.identity import Attempt, now_ms
 from headrace.sinks.errors import OutputInUse
 
 from headrace_spark.ledger import CommitLedger
-from headrace_spark.output import OutputDir, claim_output, name_staged, new_token
+from headrace_spark.output import DATA_FILE, OutputDir, claim_output, name_staged, new_token
 from headrace_spark.targets import local_path
 
 
@@ -83,8 +83,6 @@ async def compact_shared(sink: Any, shared: Any, *, min_files: int = 8) -> Compa
     """Compact a shared output from a worker writing it (``SparkSink.compact`` in shared mode):
     the data files published in each directory holding ``min_files`` or more become one. Raises
     :class:`~headrace.sinks.errors.OutputInUse` while another worker holds the lease."""
-    from headrace_spark.shared import DATA_FILE
-
     if min_files < 2:
         raise ValueError(f"min_files must be at least 2, not {min_files}")
     coordinator, output = shared.coordinator, shared.output

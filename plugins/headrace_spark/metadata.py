@@ -14,7 +14,6 @@ message's own parse, which accepts v2 and raises the precise error for the rest.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from headrace.jetstream.ack_reply import AckMetadata
 from headrace.sinks.output import SeqSet
+from headrace.sinks.shared_writer import once_per_message as shared_once_per_message
 
 if TYPE_CHECKING:
     from headrace.pipeline.batch import Batch
@@ -99,25 +99,17 @@ class BatchMetadata:
 
 def once_per_message(batch: Batch) -> tuple[list[Record], BatchMetadata, int, bool]:
     """The batch's records without those of a second delivery of a message it already holds
-    (the first delivery's are kept), their metadata, how many were left out, and whether the
-    batch holds redeliveries. The usual batch is checked in bulk (distinct messages against
-    distinct deliveries); records are looked at one by one only when the two differ."""
+    (headrace.sinks.shared_writer.once_per_message, counted in bulk from the metadata), their
+    metadata, how many were left out, and whether the batch holds redeliveries."""
     records = batch.records
     meta = BatchMetadata.of(records)
     if not records:
         return records, meta, 0, False
     redelivered = bool(pc.max(meta.column("num_delivered")).as_py() > 1)
-    messages = sum(len(s) for s in meta.sequences().values())
-    deliveries = len(set(map(operator.attrgetter("delivery"), records)))
-    if messages == deliveries:
+    kept, dropped = shared_once_per_message(records, meta.sequences())
+    if not dropped:
         return records, meta, 0, redelivered
-    first: dict[tuple[str, int], object] = {}
-    kept: list[Record] = []
-    for record in records:
-        owner = first.setdefault((record.stream, record.stream_seq), record.delivery)
-        if owner is record.delivery:
-            kept.append(record)
-    return kept, BatchMetadata.of(kept), len(records) - len(kept), redelivered
+    return kept, BatchMetadata.of(kept), dropped, redelivered
 
 
 def _seq_set(seqs: pa.Array) -> SeqSet:

@@ -46,6 +46,9 @@ LOCK_NAME = "lock"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_+-]{1,100}$")
 _OURS = re.compile(r"^part-(?P<token>[A-Za-z0-9_+-]+\.[0-9a-f]{8})-(?P<n>\d{5})(?P<ext>\..+)?$")
 PENDING = ".pending"
+#: The data files of a shared output: ``part-<token>-00000.snappy.parquet``, the token an
+#: attempt's (headrace.commits.identity: a batch id, then 19 hex digits).
+DATA_FILE = re.compile(r"^part-[A-Za-z0-9_+-]+\.[0-9a-f]{19}-\d{5}(\..+)?$")
 
 
 def batch_id(key: str) -> str:

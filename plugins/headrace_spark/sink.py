@@ -23,9 +23,9 @@ directory (arrow_writer.py) and no Spark job runs; everything around it is the s
 Two ways to commit (``commits=``):
 
 - ``"shared"``: the output is shared by every worker of the pipeline (processes on one host or
-  many), coordinated through a commit state in a JetStream KV bucket (shared.py,
-  headrace.commits). The default inside a pipeline (``"auto"``): the pipeline binds the sink to
-  its JetStream connection;
+  many), coordinated through a commit state in a JetStream KV bucket
+  (headrace.sinks.shared_writer, headrace.commits). The default inside a pipeline
+  (``"auto"``): the pipeline binds the sink to its JetStream connection;
 - ``"local"``: the ledger above, in the output directory; one process at a time (it holds an
   exclusive lock). The default when the sink is used on its own, without ``bind``.
 
@@ -50,7 +50,8 @@ import trio
 from headrace.commits.identity import Attempt
 from headrace.sinks.errors import RecordsRejected, SinkNotOpen
 from headrace.sinks.output import DirectoryLock
-from headrace.sinks.shared_output import STALE_AFTER, SWEEP_INTERVAL, SharedOutput
+from headrace.sinks.shared_output import STALE_AFTER, SWEEP_INTERVAL, SweepReport
+from headrace.sinks.shared_writer import SharedWriter, Staged, batch_key
 
 from headrace_spark.arrow_writer import write_parquet
 from headrace_spark.errors import (
@@ -61,7 +62,7 @@ from headrace_spark.errors import (
 )
 from headrace_spark.ledger import FOLD_AFTER, CommitLedger
 from headrace_spark.metadata import BatchMetadata, once_per_message
-from headrace_spark.output import OutputDir, batch_id, claim_output, name_staged, new_token
+from headrace_spark.output import OutputDir, claim_output, name_staged, new_token
 from headrace_spark.schema import TableBuilder
 from headrace_spark.session import JobTags, empty_frame, first_line, start_session
 from headrace_spark.targets import ParquetTarget, TableTarget
@@ -71,7 +72,6 @@ if TYPE_CHECKING:
     from headrace.pipeline.record import Record
     from headrace.pipeline.sink import SinkContext
 
-    from headrace_spark.shared import SharedWriter, _Staged
 
 #: How a batch's table becomes files: a Spark job (``createDataFrame(table).write``), or
 #: Arrow's parquet writer for parquet paths (arrow_writer.py; no JVM work per batch).
@@ -255,10 +255,18 @@ class SparkSink:
                 f"{self!r}: commits='shared' needs the sink bound to a JetStream connection: run "
                 "it in a pipeline, or call bind(SinkContext(js, pipeline=..., sink=...)) first"
             )
-        from headrace_spark.shared import SharedWriter
-
         root = await trio.to_thread.run_sync(self._locate, abandon_on_cancel=True)
-        self._shared = await SharedWriter.open(self, self._context, root, self._limiter)
+        self._shared = await SharedWriter.open(
+            self._context,
+            root,
+            kind="SparkSink",
+            fsync=self.fsync,
+            exclusive_markers=("_headrace/ledger",),  # the local mode's ledger: refused
+            limiter=self._limiter,
+            stale_after=self.stale_after,
+            sweep_interval=self.sweep_interval,
+        )
+        self._shared.on_sweep = self._on_sweep
         self.batches_committed = self.rows_written = self.duplicates_skipped = 0
         self.records_rejected = 0
         self.recovered_rolled = self._shared.swept.rolled
@@ -270,7 +278,7 @@ class SparkSink:
         tag = f"headrace-spark-{secrets.token_hex(6)}"
         try:
             if self._shared is not None:
-                await self._shared.write(batch, tag)
+                await self._write_shared(self._shared, batch, tag)
                 return
             await trio.to_thread.run_sync(
                 self._write_sync, batch, tag, limiter=self._limiter, abandon_on_cancel=True
@@ -287,6 +295,8 @@ class SparkSink:
         one is due."""
         if self._shared is not None:
             await self._shared.maintain()
+            if self._unregistered:  # partitions of files another worker's commit put in place
+                await trio.to_thread.run_sync(self._register, [], limiter=self._limiter)
 
     async def close(self) -> None:
         shared, self._shared = self._shared, None
@@ -425,26 +435,48 @@ class SparkSink:
             raise RecordsRejected(rejected)  # committed; the pipeline fails only these
         return info
 
-    def _stage_shared(
-        self, keep: list[Record], meta: BatchMetadata | None, tag: str, output: SharedOutput
-    ) -> _Staged:
-        """Write ``keep`` as a new attempt under the shared output's staging directory, named
-        and fsynced, ready to commit (shared.py)."""
-        from headrace_spark.shared import _Staged
+    async def _write_shared(self, shared: SharedWriter, batch: Batch, tag: str) -> None:
+        """A batch into a shared output (headrace.sinks.shared_writer): the metadata parsed in
+        bulk once, a message delivered twice in the batch written once."""
+        started = time.perf_counter()
+        records, meta, duplicates, redelivered = await trio.to_thread.run_sync(
+            once_per_message, batch, limiter=self._limiter, abandon_on_cancel=True
+        )
 
+        def stage(keep: list[Record]) -> Staged:
+            return self._stage_shared(keep, meta if keep is records else None, tag, shared)
+
+        def published(staged: Staged, files: list[str], skipped: int) -> CommitInfo:
+            return self._published_shared(staged, files, skipped + duplicates, started)
+
+        info = await shared.write(
+            records,
+            meta.sequences(),
+            stage=stage,
+            published=published,
+            refresh=redelivered or duplicates > 0,
+        )
+        if info is None:  # every record committed already
+            self.duplicates_skipped += len(batch.records)
+
+    def _stage_shared(
+        self, keep: list[Record], meta: BatchMetadata | None, tag: str, shared: SharedWriter
+    ) -> Staged:
+        """Write ``keep`` as a new attempt under the shared output's staging directory, each
+        file under its final name, fsynced: ready to commit."""
         if meta is None:
             meta = BatchMetadata.of(keep)
         table, accepted, rejected, seqs, key = self._build(keep, meta)
-        attempt = Attempt.new(batch_id(key))
-        staging = output.staging(attempt)
+        attempt = Attempt.of_batch(key)
+        staging = shared.output.staging(attempt)
         self._write_staging(table, staging, tag, key)
         try:
             name_staged(staging, attempt.token)
-            output.sync_staged(attempt)
+            shared.output.sync_staged(attempt)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        return _Staged(attempt, seqs, len(accepted), rejected)
+        return Staged(attempt, seqs, len(accepted), rejected)
 
     def _build(
         self, keep: list[Record], meta: BatchMetadata
@@ -459,11 +491,7 @@ class SparkSink:
         if len(accepted) != len(keep):
             meta = BatchMetadata.of(accepted)
         seqs = meta.sequences()
-        key = "+".join(
-            f"{stream}-{s.intervals[0][0]}-{s.intervals[-1][1]}"
-            for stream, s in sorted(seqs.items())
-        )
-        return table, accepted, list(rejected), seqs, key
+        return table, accepted, list(rejected), seqs, batch_key(seqs)
 
     def _write_staging(self, table: pa.Table, staging: Path, tag: str, key: str) -> None:
         """Spark's (or Arrow's) write of ``table`` into ``staging``; nothing is left there if
@@ -482,22 +510,19 @@ class SparkSink:
             shutil.rmtree(staging, ignore_errors=True)
             raise SparkJobCancelled(f"batch {key}: the pipeline stopped; not committed")
 
-    def _publish_shared(
-        self, output: SharedOutput, staged: _Staged, skipped: int, started: float
+    def _published_shared(
+        self, staged: Staged, files: list[str], skipped: int, started: float
     ) -> CommitInfo:
-        """Put a committed attempt's files in place (shared.py, step 5)."""
-        files = output.publish(staged.attempt.token)
+        """A committed attempt's files are in place: the catalog, the counters, ``on_commit``;
+        then the records set aside as not fitting the schema fail (``RecordsRejected``)."""
         self._register(files)
         self.batches_committed += 1
         self.rows_written += staged.rows
+        self.duplicates_skipped += skipped
         self.records_rejected += len(staged.rejected)
-        key = "+".join(
-            f"{stream}-{s.intervals[0][0]}-{s.intervals[-1][1]}"
-            for stream, s in sorted(staged.seqs.items())
-        )
         worker = self._context.worker if self._context is not None else ""
         info = CommitInfo(
-            key,
+            batch_key(staged.seqs),
             tuple(files),
             staged.rows,
             skipped,
@@ -508,7 +533,15 @@ class SparkSink:
         )
         if self.on_commit is not None:
             self.on_commit(info)  # in the worker thread, as in the local mode
+        if staged.rejected:
+            raise RecordsRejected(staged.rejected)  # committed; the pipeline fails only these
         return info
+
+    def _on_sweep(self, report: SweepReport) -> None:
+        """Another worker's commit was put in place by a sweep: a table learns its partitions
+        (with the next batch, or the next idle turn)."""
+        if report.files and self.target.partition_by:
+            self._unregistered.extend(report.files)
 
     @staticmethod
     def _not_committed(

@@ -247,11 +247,6 @@ def read_jsonl(directory: Path) -> list[dict[str, Any]]:
 # -- several workers (`headrace run --workers N`) ---------------------------------------------
 
 
-def worker_dirs(directory: Path) -> dict[str, list[dict[str, Any]]]:
-    """The records of each worker's own JsonlSink directory (``directory/w0``, ``w1``, ...)."""
-    return {path.name: read_jsonl(path) for path in sorted(directory.glob("w*"))}
-
-
 class ProcessWatch:
     """A process that is not our child (a worker of a `headrace run --workers`), to wait for
     its end: a pidfd, opened while the process runs so that a later reuse of its pid cannot

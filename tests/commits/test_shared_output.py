@@ -236,7 +236,7 @@ async def test_a_manifest_without_its_state_is_refused(nats_server, tmp_path):
 
 
 def test_an_output_of_the_single_process_mode_is_refused(tmp_path: Path) -> None:
-    output = shared(tmp_path, exclusive_markers=("ledger",))
+    output = shared(tmp_path, exclusive_markers=("_headrace/ledger",))
     (tmp_path / CONTROL / "ledger").mkdir(parents=True)
     assert output.prepare() is None  # an empty ledger directory holds nothing
     output.release()

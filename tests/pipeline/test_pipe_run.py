@@ -119,10 +119,13 @@ async def test_into_jsonl_sink(nats_server, peer, tmp_path: Path):
     assert by_seq[40]["value"] == {"i": 39}
     assert {line["stream"] for line in lines} == {"S"}
     assert {line["consumer"] for line in lines} == {"C"}
-    # one file per batch, named by its sequence range
+    # one file per batch, named by its sequence range and its commit's attempt (in a pipeline
+    # the directory is shared by the pipeline's workers: docs/scaling.md)
     for path in out.glob("*.jsonl"):
         seqs = [json.loads(line)["stream_seq"] for line in path.read_text().splitlines()]
-        assert path.name == f"S-{min(seqs)}-{max(seqs)}.jsonl"
+        assert path.name.startswith(f"part-S-{min(seqs)}-{max(seqs)}."), path.name
+        assert seqs == sorted(seqs)
+    assert list((out / "_headrace" / "staging").iterdir()) == []
 
 
 # -- operators ----------------------------------------------------------------------------------

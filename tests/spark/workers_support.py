@@ -11,8 +11,8 @@ directory, since a worker is a process of its own):
   so that the run lasts long enough for faults to land in the middle of it);
 - ``hang``: the next write to be staged takes the file and then hangs for its content in
   seconds (a Spark write that hangs);
-- ``kill-after-commit``: the next commit to happen takes the file, and the worker SIGKILLs
-  itself after its commit, before it publishes or acks;
+- ``kill-after-commit``: the next attempt to be published takes the file, and the worker
+  SIGKILLs itself after its commit, before the files are in place and the messages acked;
 - ``gate``: while the file exists, every write that was staged waits before its commit until
   ``go`` exists, after saying so with ``waiting-<pid>-<first seq>``.
 
@@ -59,13 +59,13 @@ def take(name):
 
 
 class FaultySink(SparkSink):
-    def _stage_shared(self, keep, meta, tag, output):
+    def _stage_shared(self, keep, meta, tag, shared):
         time.sleep(STAGE_SLEEP)
         hang = take("hang")
         if hang is not None:
             print(json.dumps({"event": "hanging", "pid": os.getpid()}), flush=True)
             time.sleep(float(hang))
-        staged = super()._stage_shared(keep, meta, tag, output)
+        staged = super()._stage_shared(keep, meta, tag, shared)
         if (CONTROL / "gate").exists():
             first = min(s.intervals[0][0] for s in staged.seqs.values())
             (CONTROL / f"waiting-{os.getpid()}-{first}").touch()
@@ -73,12 +73,21 @@ class FaultySink(SparkSink):
                 time.sleep(0.01)
         return staged
 
-    def _publish_shared(self, output, staged, skipped, started):
-        if take("kill-after-commit") is not None:
-            print(json.dumps({"event": "killing", "pid": os.getpid()}), flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(PUBLISH_SLEEP)
-        return super()._publish_shared(output, staged, skipped, started)
+    async def open(self):
+        await super().open()
+        output = self.shared.output if self.shared is not None else None
+        if output is not None:
+            publish = output.publish
+
+            def faulty_publish(token, replaces=()):
+                # Committed, not yet in place, not acked.
+                if take("kill-after-commit") is not None:
+                    print(json.dumps({"event": "killing", "pid": os.getpid()}), flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(PUBLISH_SLEEP)
+                return publish(token, replaces)
+
+            output.publish = faulty_publish
 
     async def close(self):
         shared = self.shared

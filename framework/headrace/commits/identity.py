@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import re
 import secrets
@@ -26,6 +27,7 @@ import attrs
 _TOKEN = re.compile(
     r"^(?P<batch>[A-Za-z0-9_+-]{1,100})\.(?P<ms>[0-9a-f]{11})(?P<nonce>[0-9a-f]{8})$"
 )
+_BATCH = re.compile(r"^[A-Za-z0-9_+-]{1,100}$")
 _WORKER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 
 
@@ -66,7 +68,17 @@ class Attempt:
 
     @classmethod
     def new(cls, batch: str) -> Attempt:
+        """A new attempt at ``batch`` (a file-name-safe id: see :meth:`of_batch`)."""
         return cls(batch, now_ms())
+
+    @classmethod
+    def of_batch(cls, key: str) -> Attempt:
+        """A new attempt at the batch ``key`` (``ORDERS-1-100``): the key itself names its
+        files when it is short and plain, so that they say which sequences they hold; else a
+        hash of it does."""
+        if not _BATCH.match(key):
+            key = "h" + hashlib.sha256(key.encode()).hexdigest()[:32]
+        return cls.new(key)
 
     @property
     def token(self) -> str:

@@ -31,28 +31,52 @@ The cost: ``open()`` reads all the existing output, and the sink keeps the commi
 numbers in memory (as intervals, so a contiguous run costs the same as one number). One sink
 owns a directory at a time: ``open()`` takes a lock (``flock``), and a second sink on the same
 directory gets :class:`~headrace.sinks.errors.OutputInUse`.
+
+All that is the single-process mode (``commits="local"``, the default when the sink is used on
+its own). Inside a pipeline (``commits="auto"``, or ``"shared"``) the directory is shared by
+every worker of the pipeline through the commit protocol (headrace.sinks.shared_writer): each
+batch becomes one file ``part-<token>.jsonl`` (same lines, same order), staged, committed in
+the shared state in JetStream, then renamed into place; a record is in exactly one file, across
+workers, kills and stalls. Readers read every ``*.jsonl`` of the directory. A directory is
+written in one mode for its whole life; the other mode refuses it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from headrace.sinks.errors import CorruptOutput, SinkError, SinkNotOpen
+import trio
+
+from headrace.commits.identity import Attempt
+from headrace.sinks.errors import CorruptOutput, OutputInUse, SinkError, SinkNotOpen
 from headrace.sinks.lines import record_to_line
 from headrace.sinks.output import DirectoryLock, SeqSet, fsync_directory
+from headrace.sinks.shared_output import CONTROL, MANIFEST, STALE_AFTER, SWEEP_INTERVAL
+from headrace.sinks.shared_writer import (
+    SharedWriter,
+    Staged,
+    batch_key,
+    once_per_message,
+    sequences,
+)
 
 if TYPE_CHECKING:
     from headrace.pipeline.batch import Batch
+    from headrace.pipeline.record import Record
+    from headrace.pipeline.sink import SinkContext
 
 SUFFIX = ".jsonl"
 TEMP_PREFIX = ".headrace-"
 TEMP_SUFFIX = ".tmp"
 LOCK_NAME = ".headrace-jsonl.lock"
+#: How batches are committed (see the module docs).
+COMMITS = ("auto", "shared", "local")
 
 _Key = tuple[str, int]
 
@@ -60,12 +84,30 @@ _Key = tuple[str, int]
 class JsonlSink:
     """Durable, duplicate-free JSON-lines files in ``directory``; see the module docs.
 
-    A sync sink: the pipeline runs its methods in a worker thread.
+    A sync sink: the pipeline runs its methods in a worker thread. ``commits``: ``"auto"``
+    (shared by the pipeline's workers when a pipeline binds the sink, else local),
+    ``"shared"`` or ``"local"``; ``stale_after`` and ``sweep_interval`` as for the Spark sink
+    (docs/scaling.md).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fsync: bool = True,
+        commits: str = "auto",
+        stale_after: float = STALE_AFTER,
+        sweep_interval: float = SWEEP_INTERVAL,
+    ) -> None:
+        if commits not in COMMITS:
+            raise SinkError(f"commits must be one of {list(COMMITS)}, not {commits!r}")
         self.directory = Path(directory).expanduser()
         self.fsync = fsync
+        self.commits = commits
+        self.stale_after = stale_after
+        self.sweep_interval = sweep_interval
+        self._context: SinkContext | None = None
+        self._shared: SharedWriter | None = None
         #: Records left out because their (stream, stream_seq) was already committed.
         self.duplicates_skipped = 0
         #: Files written (new or rewritten) since ``open()``.
@@ -79,14 +121,37 @@ class JsonlSink:
 
     # -- the sink contract --------------------------------------------------------------------
 
+    def bind(self, context: SinkContext) -> None:
+        """The pipeline says where the sink runs: with ``commits="auto"`` the directory is
+        then shared by the pipeline's workers."""
+        self._context = context
+
+    @property
+    def shared(self) -> SharedWriter | None:
+        """The shared-mode writer, once open shared."""
+        return self._shared
+
     def open(self) -> None:
-        """Lock the directory (creating it if needed), remove stale temporary files and read
-        the existing output to learn what is committed."""
-        if self._lock.held:
+        """Local mode: lock the directory (creating it if needed), remove stale temporary files
+        and read the existing output to learn what is committed. Shared mode: join the
+        directory's shared output (made if new) and sweep it."""
+        if self._lock.held or self._shared is not None:
             self.close()
+        mode = self.commits
+        if mode == "auto":
+            mode = "shared" if self._context is not None else "local"
+        if mode == "shared":
+            self._open_shared()
+            return
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()
         try:
+            if (self.directory / CONTROL / MANIFEST).exists():
+                raise OutputInUse(
+                    f"{self.directory} is shared by the workers of a pipeline (it has "
+                    f"{CONTROL}/{MANIFEST}): write it from its pipeline, not with "
+                    "commits='local'"
+                )
             committed: dict[str, SeqSet] = {}
             with os.scandir(self.directory) as entries:
                 names = sorted(e.name for e in entries if e.is_file())
@@ -110,6 +175,9 @@ class JsonlSink:
     def write_batch(self, batch: Batch) -> None:
         """Write ``batch`` durably, leaving out records already committed; see the module
         docs."""
+        if self._shared is not None:
+            trio.from_thread.run(self._write_shared, self._shared, batch)
+            return
         committed = self._committed
         if committed is None:
             raise SinkNotOpen(f"{self!r} is not open: call open() before write_batch()")
@@ -157,10 +225,78 @@ class JsonlSink:
             self._broken = exc
             raise
 
+    def maintain(self) -> None:
+        """Idle upkeep of a shared directory (a sweep, when due)."""
+        if self._shared is not None:
+            trio.from_thread.run(self._shared.maintain)
+
     def close(self) -> None:
         """Release the directory; ``open()`` may be called again."""
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            trio.from_thread.run(shared.close)
         self._committed = None
         self._lock.release()
+
+    # -- shared mode (in the loop, from the sink's worker thread) ------------------------------
+
+    def _open_shared(self) -> None:
+        context = self._context
+        if context is None:
+            raise SinkError(
+                f"{self!r}: commits='shared' needs the sink bound to a JetStream connection: "
+                "run it in a pipeline, or call bind(SinkContext(js, pipeline=..., sink=...))"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._shared = trio.from_thread.run(
+            functools.partial(
+                SharedWriter.open,
+                context,
+                self.directory,
+                kind="JsonlSink",
+                fsync=self.fsync,
+                exclusive_markers=(LOCK_NAME,),  # the local mode's lock file: refused
+                stale_after=self.stale_after,
+                sweep_interval=self.sweep_interval,
+            )
+        )
+        self.duplicates_skipped = 0
+        self.files_written = 0
+
+    async def _write_shared(self, shared: SharedWriter, batch: Batch) -> None:
+        records, duplicates = once_per_message(batch.records)
+        redelivered = any(r.num_delivered > 1 for r in records)
+
+        def published(staged: Staged, files: list[str], skipped: int) -> list[str]:
+            self.files_written += len(files)
+            self.duplicates_skipped += skipped + duplicates
+            return files
+
+        done: Any = await shared.write(
+            records,
+            sequences(records),
+            stage=functools.partial(self._stage, shared),
+            published=published,
+            refresh=redelivered or duplicates > 0,
+        )
+        if done is None:  # all committed already
+            self.duplicates_skipped += len(batch.records)
+
+    def _stage(self, shared: SharedWriter, records: list[Record]) -> Staged:
+        """One attempt: the records as one file ``part-<token>.jsonl``, fsynced, in staging."""
+        seqs = sequences(records)
+        attempt = Attempt.of_batch(batch_key(seqs))
+        staging = shared.output.staging(attempt)
+        staging.mkdir(parents=True)
+        keyed = sorted(
+            ((r.stream, r.stream_seq), i, record_to_line(r).encode("utf-8"))
+            for i, r in enumerate(records)
+        )
+        path = staging / f"part-{attempt.token}{SUFFIX}"
+        with open(path, "xb") as f:
+            f.write(b"".join(line for _, _, line in keyed))
+        shared.output.sync_staged(attempt)
+        return Staged(attempt, seqs, len(records))
 
     # -- files --------------------------------------------------------------------------------
 

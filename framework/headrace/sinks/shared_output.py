@@ -104,13 +104,15 @@ class SweepReport:
     rolled: int = 0
     removed: int = 0
     forgotten: int = 0
+    #: The files the published attempts put in place (relative to the output).
+    files: tuple[str, ...] = ()
 
 
 class SharedOutput:
     """The files of an output shared by workers (see the module docs). Blocking: call from a
     worker thread. ``kind`` names the sink in errors; ``exclusive_markers``: paths (relative to
-    the control directory) whose presence means the output is written in a single-process mode,
-    which this one refuses."""
+    the output) whose presence (a file, or a directory that is not empty) means the output is
+    written in a single-process mode, which this one refuses."""
 
     def __init__(
         self,
@@ -140,11 +142,11 @@ class SharedOutput:
         self.lock.acquire()
         try:
             for marker in self.exclusive_markers:
-                path = self.control / marker
+                path = self.root / marker
                 if path.exists() and (not path.is_dir() or any(path.iterdir())):
                     raise OutputInUse(
                         f"{self.root} was written by a single-process {self.kind} "
-                        f"({CONTROL}/{marker} exists): it cannot be shared by workers. Keep "
+                        f"({marker} exists): it cannot be shared by workers. Keep "
                         "writing it with commits='local', or give the pipeline a new output"
                     )
             return self.read_manifest()
@@ -343,6 +345,7 @@ async def sweep(
     state = await coordinator.refresh()
     now = now_ms()
     rolled: list[str] = []
+    placed: list[str] = []
     for token, unpublished in sorted(state.unpublished.items()):
         if token in published:
             continue  # published by this worker; its next commit takes it out
@@ -350,7 +353,9 @@ async def sweep(
             continue  # its worker is publishing it now
         # Another worker's, old enough that it finished or died; or this worker's own whose
         # commit was cut off (cancelled while the write was in flight) and never published.
-        await trio.to_thread.run_sync(output.publish, token, unpublished.replaces, limiter=limiter)
+        placed += await trio.to_thread.run_sync(
+            output.publish, token, unpublished.replaces, limiter=limiter
+        )
         rolled.append(token)
     if rolled:
         state = await coordinator.forget(rolled)
@@ -374,4 +379,6 @@ async def sweep(
         with contextlib.suppress(OSError):
             if path.stat().st_mtime * 1000 < cutoff:
                 await trio.to_thread.run_sync(output.discard, path, limiter=limiter)
-    return SweepReport(rolled=len(rolled), removed=removed, forgotten=len(rolled))
+    return SweepReport(
+        rolled=len(rolled), removed=removed, forgotten=len(rolled), files=tuple(placed)
+    )
