@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 import trio
+from headrace.commits import OutputOwned
 from headrace.jetstream import JetStream, StreamConfig
 from headrace.nats import connect
+from headrace.pipeline import BatchPolicy, JetStreamSource, Pipeline
 from headrace.pipeline.sink import SinkContext
 from headrace.sinks import JsonlSink, OutputInUse
+from natspy_peer import wait_consumer
 from sink_support import batch, read_output, rec
 
 
@@ -69,3 +72,55 @@ async def test_a_directory_keeps_its_mode(nats_server: Any, tmp_path: Path) -> N
         alone.close()
         with pytest.raises(OutputInUse, match="single-process JsonlSink"):
             await bound(js, local)
+
+
+async def test_another_pipeline_is_refused(nats_server: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="ORDERS", subjects=["orders.>"]))
+        mine = await bound(js, out)
+        other = JsonlSink(out, fsync=False)
+        other.bind(SinkContext(js, pipeline="other", sink="lake"))
+        with pytest.raises(OutputOwned, match="is the output of 'p/lake', not of 'other/lake'"):
+            await call(other.open)
+        await call(mine.close)
+
+
+@pytest.mark.slow
+async def test_a_filtered_stream_keeps_the_state_small(
+    nats_server: Any, natspy: Any, tmp_path: Path
+) -> None:
+    """A filter drops every other message: the sink commits only odd sequences, so without the
+    consumer's ack floor the state would keep one interval per message. Reported by the idle
+    worker, the floor covers them all."""
+    n = 400
+    out = tmp_path / "out"
+    await natspy.connect(nats_server.url)
+
+    async def create() -> None:
+        js = natspy.nc.jetstream()
+        await js.add_stream(name="ORDERS", subjects=["orders.>"])
+        for i in range(n):
+            await js.publish("orders.new", b"%d" % i)
+
+    await natspy.call(create)
+    sink = JsonlSink(out, fsync=False)
+    pipe = Pipeline("filtered", drain_timeout=10)
+    pipe.source(JetStreamSource(stream="ORDERS", durable="f")).filter(
+        lambda data: int(data) % 2 == 0
+    ).sink(sink, name="lake", batch=BatchPolicy(max_messages=20, max_age=0.1))
+    async with connect(nats_server.url) as nc, pipe.running(nc):
+        await wait_consumer(
+            natspy, lambda i: i.ack_floor.stream_seq == n, "ORDERS", "f", timeout=30
+        )
+        assert sink.shared is not None
+        sink.shared.floor_interval = 0.5  # (10 s by default)
+        coordinator = sink.shared.coordinator
+        with trio.fail_after(30):
+            while coordinator.state.streams["ORDERS"].floor < n:  # noqa: ASYNC110
+                await trio.sleep(0.1)  # the idle worker's upkeep: no event to wait on
+        stream = coordinator.state.streams["ORDERS"]
+        assert stream.floor == n and not stream.seqs, stream
+    lines = [line for lines in read_output(out).values() for line in lines]
+    assert sorted(line["stream_seq"] for line in lines) == list(range(1, n + 1, 2))

@@ -144,6 +144,8 @@ class SharedWriter:
         self._lock = trio.Lock()
         self._next_sweep = 0.0
         self._next_floor = 0.0
+        #: Seconds between two looks at the consumers' ack floors.
+        self.floor_interval = FLOOR_INTERVAL
         #: Attempts this worker committed and published: taken out of the state by its next
         #: commit (or when idle, or at close). Only these: one whose commit was cut off (in
         #: doubt) is left to the sweep, which publishes it first.
@@ -302,7 +304,7 @@ class SharedWriter:
         now = trio.current_time()
         if now < self._next_floor:
             return {}
-        self._next_floor = now + FLOOR_INTERVAL
+        self._next_floor = now + self.floor_interval
         try:
             return await self.context.ack_floors()
         except Exception as exc:
@@ -337,7 +339,8 @@ class SharedWriter:
 
     async def maintain(self) -> None:
         """Between batches: a sweep if one is due (a worker with nothing to write still
-        finishes what dead workers left), and this worker's published attempts taken out."""
+        finishes what dead workers left), this worker's published attempts taken out, and the
+        consumers' ack floors reported when due."""
         if self._lock.locked():
             return
         async with self._lock:
@@ -347,6 +350,11 @@ class SharedWriter:
                 if self._published:
                     await self.coordinator.forget(self._published)
                     self._published = []
+                floors = await self._floors_due()
+                if floors:
+                    # Idle: what the consumers settled without this sink (filtered, dead
+                    # letters) is folded into the floors now, not at the next commit.
+                    await self.coordinator.report_floors(floors)
             except OutputConflict:
                 raise
             except Exception as exc:
