@@ -1,7 +1,7 @@
 """headrace: stream pipelines from structured-concurrency actors on trio.
 
 The public API is re-exported here: the NATS connection (``headrace.nats``), JetStream
-(``headrace.jetstream``) and the errors. The layers are documented in docs/ and DESIGN.md.
+(``headrace.jetstream``) and the errors. The layers are documented in docs/architecture.md.
 """
 
 from headrace._version import __version__

@@ -200,6 +200,34 @@ async def test_escalate_fails_at_once() -> None:
     assert actor.state is ActorState.FAILED
 
 
+class Final(Exception):
+    """An error no restart can fix (as headrace.commits' OutputConflict)."""
+
+    restartable = False
+
+
+class FailsFinally(Actor[None]):
+    def __init__(self) -> None:
+        super().__init__("final")
+        self.runs = 0
+
+    async def run(self) -> None:
+        self.runs += 1
+        raise Final("the output belongs to another pipeline")
+
+
+async def test_an_error_that_is_not_restartable_escalates_under_restart() -> None:
+    actor = FailsFinally()
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervise, actor, Restart(max_restarts=5, within=60, backoff=0))
+            await trio.sleep_forever()
+    failure = _only(caught.value)
+    assert isinstance(failure, ActorFailed) and isinstance(failure.__cause__, Final)
+    assert actor.runs == 1 and actor.restarts == 0
+    assert actor.state is ActorState.FAILED
+
+
 async def test_escalation_cancels_the_siblings() -> None:
     sibling_cancelled = trio.Event()
 

@@ -10,6 +10,10 @@ Each actor runs under a policy:
 
 Escalating re-raises the actor's original error into the nursery the actor runs in, which
 cancels its siblings: for a pipeline, the whole pipeline stops with that error.
+
+An error whose class says ``restartable = False`` escalates under any policy: running the actor
+again cannot change the answer (an output that belongs to another pipeline), and a restart
+would only hide it behind a restart budget.
 """
 
 from __future__ import annotations
@@ -105,7 +109,11 @@ async def _supervised(
                 failures.append(now)
                 while failures and failures[0] < now - getattr(policy, "within", math.inf):
                     failures.popleft()
-                if isinstance(policy, Escalate) or len(failures) > policy.max_restarts:
+                if (
+                    isinstance(policy, Escalate)
+                    or len(failures) > policy.max_restarts
+                    or getattr(exc, "restartable", True) is False
+                ):
                     actor.state = ActorState.FAILED
                     actor._done.set()
                     raise ActorFailed(actor.name, exc, restarts) from exc

@@ -22,7 +22,10 @@ class CommitError(HeadraceError):
 
 class OutputConflict(CommitError):
     """The output cannot be written without losing or duplicating records; the pipeline stops
-    (see the module docs)."""
+    (see the module docs), whatever the sink's restart policy."""
+
+    #: Never restarted by a supervisor (headrace.actors.supervision): it would fail the same.
+    restartable = False
 
 
 class OutputOwned(OutputConflict):
