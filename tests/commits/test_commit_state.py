@@ -25,6 +25,7 @@ from headrace.commits import (
     StreamIdentity,
     StreamRecreated,
     Unpublished,
+    seqbits,
 )
 from hypothesis import event
 from hypothesis import strategies as st
@@ -289,7 +290,8 @@ def _stored(**changes: Any) -> bytes:
         "owner": "p",
         "horizon": 0,
         "commits": 0,
-        "streams": {"S": {"created": S.created, "floor": 3, "seqs": [[5, 6]]}},
+        # 5 and 6 above the floor 3: bits 1 and 2 of a mask whose bit 0 is 4
+        "streams": {"S": {"created": S.created, "floor": 3, "above": seqbits.encode(0b110)}},
         "unpublished": {"t": {"worker": "w", "at": 1, "replaces": ["f"]}},
         "lease": {"worker": "w", "token": "L", "until": 5},
     }
@@ -341,10 +343,10 @@ def test_the_stored_form_read_by_hand() -> None:
         (_stored(streams__S__created=1), "1 is not a string"),
         (_stored(streams__S__floor=1.5), "1.5 is not an integer"),
         (_stored(streams__S__floor=_DROP), "floor"),
-        (_stored(streams__S__seqs=[[6, 5]]), "empty range 6..5"),
-        (_stored(streams__S__seqs=[[1, 2, 3]]), "ValueError"),
-        (_stored(streams__S__seqs=[["1", 2]]), "'1' is not an integer"),
-        (_stored(streams__S__seqs=5), "TypeError"),
+        (_stored(streams__S__above=5), "5 is not a string"),
+        (_stored(streams__S__above="!!"), "not an encoded bitmask"),
+        (_stored(streams__S__above="AAAA"), "not an encoded bitmask"),  # base64, not deflate
+        (_stored(streams__S__above=_DROP), "above"),
         (_stored(unpublished=None), "is not an object"),
         (_stored(unpublished__t=[]), "TypeError"),
         (_stored(unpublished__t__worker=_DROP), "worker"),

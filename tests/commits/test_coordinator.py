@@ -28,6 +28,7 @@ from headrace.commits import (
     SeqSet,
     StreamIdentity,
     StreamRecreated,
+    seqbits,
 )
 from headrace.commits.coordinator import HISTORY
 from headrace.jetstream import JetStream, JetStreamUnavailable
@@ -326,7 +327,12 @@ async def test_natspy_reads_the_state_and_its_write_is_seen(nats_server, natspy)
         assert entry.value == coordinator.state.to_json()
         assert entry.revision == coordinator.revision
         stored = json.loads(entry.value)
-        assert stored["streams"]["S"] == {"created": S.created, "floor": 3, "seqs": [[7, 9]]}
+        # 7-9 above the floor 3 (bit 0 is 4): bits 3 to 5
+        assert stored["streams"]["S"] == {
+            "created": S.created,
+            "floor": 3,
+            "above": seqbits.encode(0b111000),
+        }
 
         # nats-py, as another worker, fences (a compare-and-set on the revision it read).
         horizon = int(time.time() * 1000) + 60_000

@@ -133,7 +133,7 @@ async def _run(args: argparse.Namespace, root: Path, kwargs: dict[str, Any]) -> 
             await coordinator.change(lambda state: state.reset_stream(args.stream))
             return [
                 f"reset {root}: the commits of stream {args.stream!r} (created "
-                f"{before.created}, up to sequence {before.seqs.last or before.floor}) are "
+                f"{before.created}, up to sequence {before.last}) are "
                 "forgotten; the data files stay"
             ]
         staged = [p.name for _, p in await trio.to_thread.run_sync(output.staged)]

@@ -25,6 +25,7 @@ failovers included (a replicated bucket elects a new leader within seconds).
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 
 import trio
@@ -46,6 +47,7 @@ from headrace.jetstream.kv import (
     KeyNotFound,
     KeyValue,
     KeyValueConfig,
+    Operation,
     WrongRevision,
     create_key_value,
     key_value,
@@ -62,6 +64,10 @@ MAX_ATTEMPTS = 200
 DEADLINE = 60.0
 #: One request to the bucket waits this long before its write counts as in doubt.
 REQUEST_TIMEOUT = 5.0
+#: Refusals in a row before a writer steps aside for a random moment (jitter).
+JITTER_AFTER = 4
+#: After a refusal, how long the watch may take to bring the newer state before it is read.
+WATCH_CATCH_UP = 0.5
 
 
 class CommitCoordinator:
@@ -93,6 +99,9 @@ class CommitCoordinator:
         self.overlaps = 0
         #: The most refusals one change met before it was written (bounded retries, measured).
         self.max_refusals = 0
+        #: Whether :meth:`watch` is keeping the state current.
+        self.watching = False
+        self._advanced = trio.Event()
 
     def __repr__(self) -> str:
         return f"<CommitCoordinator {self.kv.bucket}/{self.key} rev {self.revision}>"
@@ -161,8 +170,11 @@ class CommitCoordinator:
                     f"output {self.key}: its commit state was deleted from bucket "
                     f"{self.kv.bucket!r} while the output was being written ({exc})"
                 ) from exc
-        self.state = CommitState.from_json(entry.value, f"commit state {self.kv.bucket}/{self.key}")
-        self.revision = entry.revision
+        state = CommitState.from_json(entry.value, f"commit state {self.kv.bucket}/{self.key}")
+        if entry.revision >= self.revision:  # (the watch may have brought a newer one meanwhile)
+            self.state, self.revision = state, entry.revision
+            self._advanced.set()
+            self._advanced = trio.Event()
 
     # -- changing ---------------------------------------------------------------------------
 
@@ -226,11 +238,12 @@ class CommitCoordinator:
                         f"output {self.key}: {refusals} writes of the commit state in a row "
                         "were refused (other workers wrote first); the batch comes again"
                     ) from exc
-                if refusals > 2:
-                    # Several workers are writing at once: step aside for a random moment so
-                    # that they do not keep colliding in lockstep.
-                    await trio.sleep(random.uniform(0, min(0.2, 0.002 * 2**refusals)))
-                await self._read_until(deadline, exc)
+                if refusals > JITTER_AFTER:
+                    # Several workers keep writing at the same instant: step aside for a
+                    # random moment so that they do not collide in lockstep. (A refusal alone
+                    # means another worker's write landed: nothing to wait for.)
+                    await trio.sleep(random.uniform(0, min(0.05, 0.001 * 2**refusals)))
+                await self._catch_up(exc.current, deadline, exc)
                 continue
             except Exception as exc:
                 # No answer, or an answer that is not a verdict on the write (nobody listening
@@ -246,8 +259,56 @@ class CommitCoordinator:
                 doubt = exc
                 continue
             self.max_refusals = max(self.max_refusals, refusals)
-            self.state, self.revision = new, revision
+            self._observe(new, revision)
             return new
+
+    # -- keeping up with the other workers ---------------------------------------------------
+
+    def _observe(self, state: CommitState, revision: int) -> None:
+        """A state at ``revision``, from this worker's write or the watch: kept if newer."""
+        if revision > self.revision:
+            self.state, self.revision = state, revision
+            self._advanced.set()
+            self._advanced = trio.Event()
+
+    async def _catch_up(self, current: int | None, deadline: float, cause: BaseException) -> None:
+        """After a refusal: wait for the watch to bring revision ``current`` (what the server
+        said the key is at), or read it."""
+        if self.watching and current is not None:
+            with trio.move_on_after(WATCH_CATCH_UP):
+                while self.revision < current:
+                    await self._advanced.wait()
+            if self.revision >= current:
+                return
+        await self._read_until(deadline, cause)
+
+    async def watch(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the state here current (run in a nursery, until cancelled): every change
+        another worker writes comes to this worker as it lands, so its next compare-and-set
+        names the key's current revision and is refused only when two writes cross. Without
+        it, with several workers committing, most writes are refused once and pay a read.
+        A watch that fails only warns: the state is read again on refusals, as without one."""
+        started = False
+        try:
+            async with self.kv.watch(self.key, updates_only=True) as watcher:
+                self.watching = True
+                task_status.started()
+                started = True
+                async for entry in watcher:
+                    if entry.operation is Operation.PUT and entry.revision > self.revision:
+                        where = f"commit state {self.kv.bucket}/{self.key}"
+                        self._observe(CommitState.from_json(entry.value, where), entry.revision)
+        except Exception as exc:
+            warnings.warn(
+                f"output {self.key}: the watch of its commit state ended ({exc!r}); the state "
+                "is read again when a write is refused",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+        finally:
+            self.watching = False
+        if not started:
+            task_status.started()  # (nothing to watch with: the caller goes on without)
 
     async def _read_until(self, deadline: float, cause: BaseException | None) -> None:
         """Read the state, retrying transient failures until ``deadline``."""

@@ -9,10 +9,11 @@ or a file, so the rules can be tested exhaustively on their own.
 What the state holds, and why each part is bounded:
 
 - per stream, its identity (the creation time) and the committed sequences: a ``floor`` (every
-  sequence up to it is settled: committed, or acked without records for this output) and the
-  committed intervals above it. Commits that continue the floor move it, and the consumer's
-  ack floor, reported by the workers, moves it over sequences that never reach the sink
-  (filtered, dead-lettered), so the intervals are only the holes of what is in flight;
+  sequence up to it is settled: committed, or acked without records for this output) and a
+  bitmask of what is committed above it (seqbits.py). Commits that continue the floor move
+  it, and the consumer's ack floor, reported by the workers, moves it over sequences that
+  never reach the sink (filtered, dead-lettered), so the bitmask spans only what is in
+  flight, however the workers' batches interleave;
 - the *unpublished* attempts: committed, their files perhaps not all in place yet. A worker's
   next commit takes its previous one out; a sweep rolls forward and removes those of workers
   that died, so there is about one per live worker;
@@ -36,51 +37,78 @@ import attrs
 
 from headrace.commits.errors import CorruptCommitState, StreamRecreated
 from headrace.commits.identity import Attempt, StreamIdentity
+from headrace.commits.seqbits import decode, encode, mask_of, seqset_of, trailing_ones
 from headrace.commits.seqset import SeqSet
 
 #: The version of the state's JSON form.
 SCHEMA = 1
 
 
-@attrs.frozen(slots=True, eq=False)
+@attrs.frozen(slots=True, eq=False, init=False)
 class StreamCommits:
-    """What an output holds of one stream (see the module docs)."""
+    """What an output holds of one stream (see the module docs): every sequence up to
+    ``floor`` is settled, and ``above`` is the bitmask of the committed sequences after it
+    (bit 0 is ``floor + 1``; seqbits.py says why a bitmask). ``seqs`` gives them as a set."""
 
     created: str
-    floor: int = 0
-    #: Committed sequences above ``floor`` (never touching it: those become the floor).
-    seqs: SeqSet = attrs.field(factory=SeqSet)
+    floor: int
+    above: int
+
+    def __init__(
+        self, created: str, floor: int = 0, seqs: SeqSet | None = None, *, above: int = 0
+    ) -> None:
+        if seqs is not None:
+            above |= mask_of(seqs, floor + 1)
+        self.__attrs_init__(created, floor, above)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StreamCommits):
             return NotImplemented
-        return (self.created, self.floor, self.seqs) == (other.created, other.floor, other.seqs)
+        return (self.created, self.floor, self.above) == (other.created, other.floor, other.above)
+
+    @property
+    def seqs(self) -> SeqSet:
+        """The committed sequences above the floor, as a set (a conversion: for looking at)."""
+        return seqset_of(self.above, self.floor + 1)
+
+    @property
+    def last(self) -> int:
+        """The highest committed sequence (the floor if none above it)."""
+        return self.floor + self.above.bit_length()
 
     def committed_part(self, seqs: SeqSet) -> SeqSet:
         """The sequences of ``seqs`` already committed."""
-        found = seqs.intersection(self.seqs)
-        if self.floor and seqs.first is not None and seqs.first <= self.floor:
-            found.update(seqs.intersection(SeqSet([(seqs.first, self.floor)])))
+        first = seqs.first
+        if first is None:
+            return SeqSet()
+        found = SeqSet()
+        if self.floor and first <= self.floor:
+            found = seqs.intersection(SeqSet([(first, self.floor)]))
+        if self.above and (seqs.last or 0) > self.floor:
+            hit = mask_of(seqs, self.floor + 1) & self.above
+            if hit:
+                found.update(seqset_of(hit, self.floor + 1))
         return found
 
     def with_commit(self, seqs: SeqSet, floor: int) -> StreamCommits:
         """Add ``seqs``, raise the floor to ``floor`` (if higher), and fold into the floor
         whatever now continues it."""
-        merged = self.seqs.copy()
-        merged.update(seqs)
-        return StreamCommits(self.created, self.floor, merged).with_floor(floor)
+        above = self.above | mask_of(seqs, self.floor + 1)
+        return StreamCommits(self.created, self.floor, above=above).with_floor(floor)
 
     def with_floor(self, floor: int) -> StreamCommits:
-        floor = max(self.floor, floor)
-        seqs = self.seqs.copy()
-        seqs.discard_through(floor)
-        first = seqs.first
-        if first is not None and first == floor + 1:
-            floor = seqs.intervals[0][1]
-            seqs.discard_through(floor)
-        if floor == self.floor and seqs == self.seqs:
+        above = self.above
+        new_floor = self.floor
+        if floor > new_floor:
+            above >>= floor - new_floor
+            new_floor = floor
+        run = trailing_ones(above)
+        if run:
+            above >>= run
+            new_floor += run
+        if new_floor == self.floor and above == self.above:
             return self
-        return StreamCommits(self.created, floor, seqs)
+        return StreamCommits(self.created, new_floor, above=above)
 
 
 @attrs.frozen(slots=True)
@@ -276,7 +304,7 @@ class CommitState:
             "horizon": self.horizon,
             "commits": self.commits,
             "streams": {
-                name: {"created": s.created, "floor": s.floor, "seqs": s.seqs.intervals}
+                name: {"created": s.created, "floor": s.floor, "above": encode(s.above)}
                 for name, s in sorted(self.streams.items())
             },
             "unpublished": {
@@ -299,9 +327,7 @@ class CommitState:
                 raise ValueError(f"unknown version {raw.get('v')!r} (this headrace reads {SCHEMA})")
             streams = {
                 str(name): StreamCommits(
-                    _str(s["created"]),
-                    _int(s["floor"]),
-                    SeqSet((_int(a), _int(b)) for a, b in s["seqs"]),
+                    _str(s["created"]), _int(s["floor"]), above=decode(_str(s["above"]))
                 )
                 for name, s in _dict(raw["streams"]).items()
             }
@@ -341,9 +367,9 @@ class CommitState:
                 name: {
                     "created": s.created,
                     "floor": s.floor,
-                    "committed_above_floor": len(s.seqs),
-                    "intervals": len(s.seqs.intervals),
-                    "last": s.seqs.last if s.seqs else s.floor,
+                    "committed_above_floor": s.above.bit_count(),
+                    "intervals": (s.above & ~(s.above << 1)).bit_count(),
+                    "last": s.last,
                 }
                 for name, s in sorted(self.streams.items())
             },

@@ -16,7 +16,12 @@ from typing import TypeVar
 import trio
 
 from headrace.errors import ConnectionClosedError, NatsError, ServerError
-from headrace.jetstream.errors import JetStreamAPIError, JetStreamUnavailable, NoStreamForSubject
+from headrace.jetstream.errors import (
+    JetStreamAPIError,
+    JetStreamNotEnabled,
+    JetStreamUnavailable,
+    NoStreamForSubject,
+)
 
 T = TypeVar("T")
 
@@ -29,7 +34,7 @@ def is_transient(exc: BaseException) -> bool:
     answering (JetStream or a stream leader missing), an API error of the 5xx kind (no
     leader). Not a closed connection, a permission refused, nor any answer that is the
     server's verdict (404 not found, 400, a refused compare-and-set, a missing key)."""
-    if isinstance(exc, ConnectionClosedError | ServerError):
+    if isinstance(exc, ConnectionClosedError | ServerError | JetStreamNotEnabled):
         return False
     if isinstance(exc, JetStreamAPIError):
         return exc.code >= 500

@@ -80,6 +80,9 @@ class SinkContext:
         self.commit_bucket = commit_bucket
         self._consumers = consumers or (lambda: [])
         self._replicas = replicas
+        #: A nursery that lives as long as the sink is open, for its background tasks (the
+        #: watch of a shared output's commit state); set by the pipeline, None outside one.
+        self.nursery: trio.Nursery | None = None
         self._identities: dict[str, tuple[StreamIdentity, float]] = {}
 
     def __repr__(self) -> str:

@@ -19,10 +19,11 @@ import trio
 from headrace.actors.actor import Actor
 from headrace.commits.errors import OutputConflict
 from headrace.errors import SubscriptionClosedError
-from headrace.jetstream.errors import JetStreamError
+from headrace.jetstream.errors import JetStreamError, JetStreamUnavailable
+from headrace.jetstream.transient import is_transient
 from headrace.pipeline.batch import Batch
 from headrace.pipeline.record import Record
-from headrace.pipeline.sink import SinkRunner
+from headrace.pipeline.sink import SinkContext, SinkRunner
 from headrace.sinks.errors import RecordsRejected, SinkError
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from headrace.pipeline.source import JetStreamSource
 
 INBOX_BATCHES = 8
+#: How long a source retries binding its consumer through transient failures (seconds).
+BIND_DEADLINE = 60.0
 #: A sink with nothing to write for this long (seconds) is given a turn at its upkeep.
 MAINTAIN_IDLE = 1.0
 
@@ -101,7 +104,7 @@ class SourceStage(Stage):
         spec = self.node.source
         assert spec is not None
         try:
-            await self._consume(spec)
+            await self._bind_and_consume(spec)
         except JetStreamError as exc:
             # "stream not found" alone does not say which of the pipeline's sources failed.
             kind = "pull" if spec.pull else "push"
@@ -110,6 +113,31 @@ class SourceStage(Stage):
                 f"{kind} consumer {spec.durable or '(ephemeral)'!r}"
             )
             raise
+
+    async def _bind_and_consume(self, spec: JetStreamSource) -> None:
+        """Consume; a transient failure before the consumer is bound (a worker starting while
+        a node of the cluster fails over: no answer, no leader yet) is retried for up to
+        ``BIND_DEADLINE`` seconds rather than failing the pipeline. Once bound, the JetStream
+        layer rides out reconnects itself; what reaches here then is a real failure."""
+        give_up = trio.current_time() + BIND_DEADLINE
+        pause = 0.1
+        while True:
+            try:
+                await self._consume(spec)
+                return
+            except Exception as exc:
+                # (Not "nobody answers the JetStream API": more likely a server without
+                # JetStream, a configuration error to report at once, than a failover.)
+                if (
+                    self.bound.is_set()
+                    or not is_transient(exc)
+                    or isinstance(exc, JetStreamUnavailable)
+                ):
+                    raise
+                if trio.current_time() > give_up:
+                    raise
+            await trio.sleep(pause)
+            pause = min(2 * pause, 2.0)
 
     async def _consume(self, spec: JetStreamSource) -> None:
         js: JetStream = self.run_.js
@@ -361,7 +389,17 @@ class SinkStage(Stage):
         self.runner = SinkRunner(node.sink_obj, node.name)
 
     async def run(self) -> None:
-        await self.runner.bind(self.run_.sink_context(self.node))
+        # The sink's background tasks (SinkContext.nursery) live from its open to its close.
+        async with trio.open_nursery() as nursery:
+            context = self.run_.sink_context(self.node)
+            context.nursery = nursery
+            try:
+                await self._run(context)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _run(self, context: SinkContext) -> None:
+        await self.runner.bind(context)
         await self.runner.open()
         try:
             while True:

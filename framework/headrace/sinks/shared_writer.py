@@ -190,6 +190,10 @@ class SharedWriter:
             sweep_interval=sweep_interval,
         )
         try:
+            if context.nursery is not None:
+                # The other workers' commits come as they land: this worker's next
+                # compare-and-set names the current revision (coordinator.py, watch).
+                await context.nursery.start(coordinator.watch)
             await writer.sweep()
         except BaseException:
             output.release()
