@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/headrace bench consume --anchors
 	$(BIN)/headrace bench pipeline
 	$(BIN)/headrace bench e2e
+	$(BIN)/headrace bench scale
 
 ## The peers' own figures on this machine (nats-py, nats.js, libnats), for context.
 anchors: $(STAMP)

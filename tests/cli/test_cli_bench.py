@@ -39,8 +39,8 @@ def test_bench_e2e_parses() -> None:
 @pytest.mark.parametrize(
     ("argv", "complaint"),
     [
-        (["core", "--batch", "10"], "apply to `bench e2e` only"),
-        (["pipeline", "--spark-master", "local[1]"], "apply to `bench e2e` only"),
+        (["core", "--batch", "10"], "applies to `bench e2e` and `bench scale` only"),
+        (["pipeline", "--spark-master", "local[1]"], "applies to `bench e2e` only"),
         (["e2e", "--payload", "512"], "--payload does not apply"),
     ],
 )

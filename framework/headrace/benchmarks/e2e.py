@@ -11,8 +11,9 @@ durable pull consumer on that stream, its own SparkSession (``local[*]`` unless
 
 - ``headrace-e2e``: ``Pipeline``: ``JetStreamSource`` (consume buffer 10000, ``max_ack_pending``
   at least twice the batch) into ``SparkSink(path=...)`` with ``BatchPolicy(max_messages=batch,
-  max_age=1)``; the sink builds an Arrow table per batch, has Spark write it, commits it (ledger,
-  fsync) and only then does the pipeline ack the batch's messages.
+  max_age=1)``; the sink builds an Arrow table per batch, has Spark write it, fsyncs it, commits
+  it (the output's shared commit state in JetStream, as every pipeline's sink does) and only
+  then does the pipeline ack the batch's messages.
 - ``headrace-e2e-arrow``: the same with ``SparkSink(path=..., writer="arrow")``: Arrow's parquet
   writer writes the table, no Spark job per batch; the same files for Spark to read.
 - ``naive``: nats-py ``pull_subscribe`` + ``fetch(1000)`` until ``batch`` messages are held (or

@@ -20,13 +20,22 @@ def _bench(args: argparse.Namespace) -> int:
     if args.anchors and args.what != "consume":
         print("headrace bench: --anchors applies to `bench consume` only", file=sys.stderr)
         return 2
-    if args.what != "e2e" and (args.batch is not None or args.spark_master is not None):
+    if args.what not in ("e2e", "scale") and args.batch is not None:
         print(
-            "headrace bench: --batch and --spark-master apply to `bench e2e` only", file=sys.stderr
+            "headrace bench: --batch applies to `bench e2e` and `bench scale` only",
+            file=sys.stderr,
         )
+        return 2
+    if args.what != "e2e" and args.spark_master is not None:
+        print("headrace bench: --spark-master applies to `bench e2e` only", file=sys.stderr)
+        return 2
+    if args.what != "scale" and args.workers is not None:
+        print("headrace bench: --workers applies to `bench scale` only", file=sys.stderr)
         return 2
     if args.what == "e2e":
         return _bench_e2e(args)
+    if args.what == "scale":
+        return _bench_scale(args)
     if args.payload is None:
         args.payload = 128
     if args.what == "core":
@@ -104,6 +113,43 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_scale(args: argparse.Namespace) -> int:
+    from headrace.benchmarks import consume, scale
+    from headrace.localserver import LocalServerError
+
+    if args.payload is not None:
+        print(
+            "headrace bench: `bench scale` publishes JSON orders of about 150 bytes; --payload "
+            "does not apply",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        results = scale.run(
+            args.messages,
+            workers=args.workers or scale.WORKERS,
+            batch=args.batch or scale.BATCH,
+            buffer=args.buffer or scale.BUFFER,
+            as_json=args.json,
+        )
+    except (LocalServerError, consume.BenchmarkError) as exc:
+        print(f"headrace bench: {exc}", file=sys.stderr)
+        return 2
+    if any(not r.get("verified") for r in results):
+        return 1  # every implementation is headrace's: a failed check leaves no figure to trust
+    return 0
+
+
+def _worker_counts(text: str) -> tuple[int, ...]:
+    """``--workers 1,2,4`` (bench scale); imported only when the option is given."""
+    from headrace.benchmarks.scale import parse_workers
+
+    try:
+        return parse_workers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="headrace",
@@ -125,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "what",
-        choices=["core", "consume", "pipeline", "e2e", "checkpoints"],
+        choices=["core", "consume", "pipeline", "e2e", "checkpoints", "scale"],
         help=(
             "core: core NATS subscriber throughput vs nats-py; consume: JetStream consume "
             "throughput (ack none and ack every message) vs nats-py fetch; pipeline: a "
@@ -133,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
             "JetStream into Spark parquet files through SparkSink, acking after commit, vs "
             "nats-py fetch + PySpark Rows (needs the spark extra and Java); checkpoints: "
             "events/s through checkpointed subscriptions over 200 entities with a 1 ms handler "
-            "vs a serial nats-py loop (--messages: use 10000 or so)"
+            "vs a serial nats-py loop (--messages: use 10000 or so); scale: N worker processes "
+            "sharing one consumer and one Spark output (Arrow writer, shared commits) vs one "
+            "process with the local ledger (needs the spark extra, not Java)"
         ),
     )
     bench.add_argument(
@@ -157,15 +205,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help=(
-            "consume, pipeline and e2e: headrace's consume max_messages (defaults 10000 and "
-            "the pipeline benchmark's own; see bench/README.md)"
+            "consume, pipeline, e2e and scale: headrace's consume max_messages (defaults "
+            "10000 and the pipeline benchmark's own; see bench/README.md)"
         ),
     )
     bench.add_argument(
         "--batch",
         type=int,
         default=None,
-        help="e2e only: records per Spark batch, both implementations (default: 100000)",
+        help=(
+            "e2e and scale: records per batch, every implementation (defaults: e2e 100000, "
+            "scale 10000)"
+        ),
+    )
+    bench.add_argument(
+        "--workers",
+        type=_worker_counts,
+        default=None,
+        metavar="N,N,...",
+        help="scale only: the worker counts to measure, comma-separated (default: 1,2,4)",
     )
     bench.add_argument(
         "--spark-master",
