@@ -5,6 +5,16 @@ The public API is re-exported here: the NATS connection (``headrace.nats``), Jet
 """
 
 from headrace._version import __version__
+from headrace.commits import (
+    CommitContention,
+    CommitError,
+    CommitStateMissing,
+    CommitStateUnavailable,
+    CorruptCommitState,
+    OutputConflict,
+    OutputOwned,
+    StreamRecreated,
+)
 from headrace.errors import (
     AuthorizationError,
     ConnectionClosedError,
@@ -144,6 +154,10 @@ __all__ = [
     "BucketExists",
     "BucketNotFound",
     "Closed",
+    "CommitContention",
+    "CommitError",
+    "CommitStateMissing",
+    "CommitStateUnavailable",
     "Compression",
     "ConnectOptions",
     "ConnectTimeout",
@@ -166,6 +180,7 @@ __all__ = [
     "ConsumerNotFound",
     "ConsumerRecreated",
     "ControlLineTooLong",
+    "CorruptCommitState",
     "Credentials",
     "DeletePolicy",
     "DeliverPolicy",
@@ -213,6 +228,8 @@ __all__ = [
     "NotAJetStreamMessage",
     "OrderedSubscription",
     "OutboundBufferFull",
+    "OutputConflict",
+    "OutputOwned",
     "PermissionViolation",
     "ProtocolError",
     "PubAck",
@@ -245,6 +262,7 @@ __all__ = [
     "StreamInfo",
     "StreamLookupError",
     "StreamNotFound",
+    "StreamRecreated",
     "StreamState",
     "StreamSubjectsOverlap",
     "SubscribeError",

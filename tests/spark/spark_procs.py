@@ -44,6 +44,20 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def json_events(lines: list[str], name: str | None = None) -> list[dict[str, Any]]:
+    """The lines that are JSON objects (with ``event`` == ``name`` if given); other lines are
+    skipped."""
+    found = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and (name is None or obj.get("event") == name):
+            found.append(obj)
+    return found
+
+
 class Child(LineProcess):
     """A running child script; its stdout and stderr collected as lines."""
 
@@ -62,15 +76,7 @@ class Child(LineProcess):
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         """The JSON lines of stdout (``event`` == ``name`` if given); other lines are skipped
         (a library printing on stdout must not break the test)."""
-        found = []
-        for line in self.out:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict) and (name is None or obj.get("event") == name):
-                found.append(obj)
-        return found
+        return json_events(self.out, name)
 
     async def wait_event(
         self,

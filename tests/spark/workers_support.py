@@ -36,7 +36,7 @@ from typing import Any
 
 import trio
 from procs import LineProcess
-from spark_procs import child_env
+from spark_procs import child_env, json_events
 
 HEADRACE = str(Path(sys.executable).parent / "headrace")
 
@@ -172,26 +172,12 @@ class Worker(LineProcess):
         )
 
     def stdout_events(self, name: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.out:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict) and obj.get("event") == name:
-                found.append(obj)
-        return found
+        """The sink's JSON lines on stdout named ``name`` (workers_pipeline.py's)."""
+        return json_events(self.out, name)
 
     def log_events(self, name: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.err:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict) and obj.get("event") == name:
-                found.append(obj)
-        return found
+        """``headrace run``'s JSON log events on stderr named ``name``."""
+        return json_events(self.err, name)
 
 
 class Workers:

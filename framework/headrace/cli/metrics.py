@@ -243,3 +243,19 @@ async def serve(
     bound = listeners[0].socket.getsockname()[1]
     task_status.started(bound)
     await trio.serve_listeners(handle, listeners)
+
+
+async def start_serving(
+    nursery: trio.Nursery,
+    port: int,
+    snapshot: Callable[[], Snapshot],
+    event: Callable[..., None],
+) -> str | None:
+    """Serve the metrics on ``port`` in ``nursery`` and announce where (``event("metrics",
+    port=, url=)``); the message for the user when the port cannot be had, else None."""
+    try:
+        bound = await nursery.start(serve, port, snapshot)
+    except OSError as exc:
+        return f"--metrics-port {port}: {exc.strerror or exc}"
+    event("metrics", port=bound, url=f"http://127.0.0.1:{bound}/metrics")
+    return None

@@ -30,8 +30,7 @@ from typing import Any
 
 import trio
 
-from headrace.cli.metrics import Snapshot
-from headrace.cli.metrics import serve as serve_metrics
+from headrace.cli.metrics import Snapshot, start_serving
 from headrace.cli.options import add_connection_arguments, connect_kwargs
 from headrace.cli.overrides import OverrideError, Overrides
 from headrace.cli.progress import LiveView, Reporter, Sample, make_reporter
@@ -346,14 +345,12 @@ class Runner:
             async with trio.open_nursery() as aux:
                 aux.start_soon(self._signals, receiver, aux)
                 if self.metrics_port is not None:
-                    try:
-                        port = await aux.start(
-                            serve_metrics, self.metrics_port, self.metrics_snapshot
-                        )
-                    except OSError as exc:
+                    problem = await start_serving(
+                        aux, self.metrics_port, self.metrics_snapshot, self.event
+                    )
+                    if problem is not None:
                         aux.cancel_scope.cancel()
-                        return _fail(f"--metrics-port {self.metrics_port}: {exc.strerror or exc}")
-                    self.event("metrics", port=port, url=f"http://127.0.0.1:{port}/metrics")
+                        return _fail(problem)
                 code = await self._guarded()
                 if self.hard_exit is not None:
                     code = self.hard_exit
