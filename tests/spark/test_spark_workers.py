@@ -71,7 +71,11 @@ async def test_random_sigkills_of_three_workers(
     await natspy.connect(nats_server.url)
     await create_orders(natspy, N)
     out, control = tmp_path / "out", tmp_path / "control"
-    pipeline = write_pipeline(tmp_path, out, control, ack_wait=ACK_WAIT, stale_after=STALE_AFTER)
+    # About 1,000 orders a second a worker (a batch of 250 takes 0.25 s): 10 s at least for the
+    # run, 5 s on average for the kills.
+    pipeline = write_pipeline(
+        tmp_path, out, control, ack_wait=ACK_WAIT, stale_after=STALE_AFTER, stage_sleep=0.25
+    )
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     async with running_workers(pipeline, nats_server.url, tmp_path, 3) as workers:
@@ -89,7 +93,7 @@ async def test_random_sigkills_of_three_workers(
                 workers.log.append(f"worker {killer} killed itself after a commit")
                 await workers.start(killer)
                 continue
-            await trio.sleep(rng.uniform(0.3, 1.5))  # a random moment: the fault itself
+            await trio.sleep(rng.uniform(0.2, 0.8))  # a random moment: the fault itself
             info = await consumer_info(natspy, "ORDERS", "lake")
             assert info.ack_floor.stream_seq < N, "the run ended before the kills; slow it"
             await workers.kill(rng.randrange(3))
