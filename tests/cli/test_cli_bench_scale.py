@@ -110,7 +110,7 @@ def test_bench_scale_small_run_verifies_each() -> None:
     done = _run(
         "scale", "--messages", "3000", "--batch", "500", "--workers", "1,2", "--json", timeout=300
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [(r["impl"], r["workers"]) for r in lines] == [
         ("headrace-single-writer", 1),

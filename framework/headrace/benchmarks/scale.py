@@ -174,6 +174,8 @@ class _Worker:
     exited: trio.Event = attrs.field(factory=trio.Event)
     done: dict[str, Any] | None = None
     told: bool = False
+    #: Messages it took so far (its ``taken`` reports).
+    taken: int = 0
     failures: list[str] = attrs.field(factory=list)
 
     def tail(self) -> str:
@@ -205,6 +207,8 @@ async def _read_lines(worker: _Worker) -> None:
                     continue
                 if event.get("event") == "ready":
                     worker.ready.set()
+                elif event.get("event") == "taken":
+                    worker.taken = int(event.get("n") or 0)
                 elif event.get("event") == "failed":
                     worker.failures.extend(event.get("errors") or ["a batch failed"])
                 elif event.get("event") == "done":
@@ -394,10 +398,17 @@ async def _clock(
             break
         if info.ack_floor.stream_seq != floor:
             floor, moved = info.ack_floor.stream_seq, now
-        if delivered_s is None and info.num_pending == 0 and info.delivered.stream_seq >= n:
-            # Everything is handed out: the workers drain, so their last batches (partial:
-            # the messages are not split in multiples of the batch) commit now, not after
-            # max_age. A continuous stream has no such tail; see the module docs.
+        if (
+            delivered_s is None
+            and info.num_pending == 0
+            and info.delivered.stream_seq >= n
+            and sum(w.taken for w in workers) >= n
+        ):
+            # Everything is handed out and taken: the workers drain, so their last batches
+            # (partial: the messages are not split in multiples of the batch) commit now, not
+            # after max_age. A continuous stream has no such tail; see the module docs. (Taken,
+            # not only sent: a message on its way to a worker that drained would be dropped
+            # and wait out its ack wait.)
             delivered_s = now - started
             await _tell_stop(workers)
         gone = [w for w in workers if w.exited.is_set()]

@@ -12,8 +12,9 @@ The conversation with the parent, one JSON object per line on stdout:
 1. ``{"event": "ready", ...}`` once the pipeline has bound the consumer (``wait_bound``) and the
    sink is open (its output claimed: the commit state read or made). The consumer is paused by
    the parent until every worker said so, so nothing is consumed before the clock starts;
-2. ``{"event": "failed", ...}`` if a batch fails (the commit protocol gave up, the write
-   failed): the parent reports it; the run goes on (the batch comes again);
+2. ``{"event": "taken", "n": ...}`` when the number of messages it took changed (at most
+   every 10 ms), and ``{"event": "failed", ...}`` if a batch fails (the commit protocol gave
+   up, the write failed): the parent reports it; the run goes on (the batch comes again);
 3. a line (or end of file) on stdin tells the worker to stop: it drains (commits and acks what
    it holds: nothing, by then) and prints ``{"event": "done", ...}`` with its figures.
 
@@ -140,7 +141,19 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                             errors.extend(why)
                             _say(event="failed", worker=args.index, errors=why)
 
+                async def report_taken() -> None:
+                    # The parent stops the workers once they took every message (not merely
+                    # once the server sent them all: one still on its way to a worker that
+                    # already drained would wait out its ack wait).
+                    said = -1
+                    while True:
+                        if run.stats.messages_in != said:
+                            said = run.stats.messages_in
+                            _say(event="taken", worker=args.index, n=said)
+                        await trio.sleep(0.01)
+
                 nursery.start_soon(watch_failures)
+                nursery.start_soon(report_taken)
                 await _stop_requested()
                 nursery.cancel_scope.cancel()
         # Drained: whatever this worker held is committed and acked. The CPU from ready to
