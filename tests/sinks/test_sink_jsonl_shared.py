@@ -124,3 +124,30 @@ async def test_a_filtered_stream_keeps_the_state_small(
         assert stream.floor == n and not stream.seqs, stream
     lines = [line for lines in read_output(out).values() for line in lines]
     assert sorted(line["stream_seq"] for line in lines) == list(range(1, n + 1, 2))
+
+
+async def test_records_found_committed_are_visible_before_they_are_acked(
+    nats_server: Any, tmp_path: Path
+) -> None:
+    """Worker A dies between its commit and putting its files in place; its messages come
+    again to worker B, which finds them committed. B's write_batch returns (the pipeline then
+    acks them) only once A's files are in place: acked means visible, whoever acks."""
+    out = tmp_path / "out"
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="ORDERS", subjects=["orders.>"]))
+        a, b = await bound(js, out), await bound(js, out)
+        assert a.shared is not None
+
+        def dies(token: str, replaces: Any = ()) -> list[str]:
+            raise RuntimeError("killed between the commit and the rename")
+
+        a.shared.output.publish = dies  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="killed between"):
+            await call(a.write_batch, batch(*(rec(s) for s in range(1, 11))))
+        assert read_output(out) == {}  # committed, staged, not visible
+        await call(b.write_batch, batch(*(rec(s, delivered=2) for s in range(1, 11))))
+        assert b.duplicates_skipped == 10
+        lines = [line for lines in read_output(out).values() for line in lines]
+        assert sorted(line["stream_seq"] for line in lines) == list(range(1, 11))
+        await call(b.close)

@@ -16,6 +16,11 @@ Per batch (:meth:`SharedWriter.write`):
 4. the files are renamed into place, and the sink's ``published`` hook runs (its counters, a
    table's catalog): only then does ``write_batch`` return and the pipeline ack.
 
+Records left out as committed are acked too: before that, every attempt the state holds as
+committed and not yet in place is put in place (its worker may have died between its commit
+and its rename). So a record is visible in the output before any of its messages is acked,
+whichever worker acks it.
+
 A crash, a SIGKILL or a stall anywhere is recovered by any worker's sweep (shared_output.py):
 before 3 the attempt is garbage, deleted once stale; after it, whoever sweeps publishes it.
 Records are never written twice: only committed attempts are published, and an attempt commits
@@ -238,6 +243,12 @@ class SharedWriter:
         total = len(records)
         keep = await self._uncommitted(records, seqs, refresh=refresh)
         for redo in range(MAX_REDO + 1):
+            if len(keep) < total:
+                # Some records were committed by another attempt, perhaps of a worker that
+                # died before it put the files in place: its messages are then about to be
+                # acked, here, so its files must be visible first. (Idempotent, and cheap
+                # when they are: nothing is staged any more.)
+                await self._publish_committed()
             if not keep:
                 self.skipped += total
                 return None
@@ -267,6 +278,21 @@ class SharedWriter:
         files = await self._run(self.output.publish, staged.attempt.token)
         self._published.append(staged.attempt.token)
         return await self._run(published, staged, files, skipped)
+
+    async def _publish_committed(self) -> None:
+        """Put in place every attempt the state holds as committed and not yet published
+        (other workers' included, dead or alive: publishing is idempotent, and two workers
+        renaming the same files is harmless). A worker acks records it found committed only
+        after this, so a record is visible before any of its messages is acked."""
+        placed: list[str] = []
+        rolled = 0
+        for token, unpublished in sorted(self.coordinator.state.unpublished.items()):
+            if token in self._published:
+                continue  # this worker's, in place already
+            placed += await self._run(self.output.publish, token, unpublished.replaces)
+            rolled += 1
+        if placed and self.on_sweep is not None:
+            self.on_sweep(SweepReport(rolled=rolled, files=tuple(placed)))
 
     async def _uncommitted(
         self, records: list[Record], seqs: Mapping[str, SeqSet], *, refresh: bool
