@@ -762,6 +762,24 @@ class NatsServer:
         """SIGKILL and wait for exit."""
         self._terminate(signal.SIGKILL, DEFAULT_TIMEOUT)
 
+    def freeze(self) -> None:
+        """SIGSTOP, and wait until the process is stopped: ``kill()`` returns when the signal is
+        queued, and a server thread already running may still answer a request sent at once
+        (CI saw a commit answered "while frozen"). ``waitpid(WUNTRACED)`` returns once every
+        thread is stopped: the event, not a guess at how long it takes."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise ServerError("nats-server is not running")
+        proc.send_signal(signal.SIGSTOP)
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+        if not os.WIFSTOPPED(status):
+            raise ServerError(f"nats-server did not stop (wait status {status})")
+
+    def thaw(self) -> None:
+        """SIGCONT (see :meth:`freeze`)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def restart(self, *, kill: bool = False, timeout: float | None = None) -> Self:
         """Stop (or kill) and start again: same port, store dir and config."""
         if kill:

@@ -5,9 +5,7 @@ independent client) reading what it wrote."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -379,14 +377,14 @@ async def test_a_write_in_doubt_is_not_applied_twice(nats_server):
             outcome.append(await coordinator.commit(a, {S: SeqSet([(1, 10)])}))
 
         async with trio.open_nursery() as nursery:
-            os.kill(nats_server.pid, signal.SIGSTOP)
+            nats_server.freeze()
             try:
                 nursery.start_soon(commit)
                 with trio.fail_after(TIMEOUT):
                     await coordinator.reading.wait()
                 assert coordinator.in_doubt == 1 and not outcome
             finally:
-                os.kill(nats_server.pid, signal.SIGCONT)
+                nats_server.thaw()
         js.timeout = 5
         (result,) = outcome
         # The first write landed (the server read it after the thaw): the retry saw it.

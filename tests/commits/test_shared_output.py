@@ -4,7 +4,6 @@ swept through a real nats-server."""
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -502,12 +501,12 @@ async def test_a_commit_cut_off_in_doubt_is_published_by_the_next_sweep(nats_ser
             a = new_attempt("a")
             stage(output, a, FILES)
             coordinator.deadline, js.timeout = 1.0, 0.3
-            os.kill(nats_server.pid, signal.SIGSTOP)
+            nats_server.freeze()
             try:
                 with trio.fail_after(TIMEOUT), pytest.raises(CommitStateUnavailable):
                     await coordinator.commit(a, {S: SeqSet([(1, 10)])})
             finally:
-                os.kill(nats_server.pid, signal.SIGCONT)
+                nats_server.thaw()
             coordinator.deadline, js.timeout = 60.0, 5.0
             assert coordinator.in_doubt >= 1 and tree(tmp_path) == {}
             report = await sweep(output, coordinator)

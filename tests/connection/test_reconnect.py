@@ -5,8 +5,6 @@ throughout; a fake server only for frames a real server never sends."""
 from __future__ import annotations
 
 import itertools
-import os
-import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -153,12 +151,12 @@ async def test_stale_connection_detected_by_missing_pongs(nats_server):
             sub = await nc.subscribe("stale")
             await nc.flush()
             assert nats_server.pid is not None
-            os.kill(nats_server.pid, signal.SIGSTOP)
+            nats_server.freeze()
             try:
                 lost = await next_event(events, Disconnected, timeout=10)
                 assert isinstance(lost.error, StaleConnectionError)
             finally:
-                os.kill(nats_server.pid, signal.SIGCONT)
+                nats_server.thaw()
             await next_event(events, Reconnected)
             await nc.publish("stale", b"alive")
             assert (await sub.next_msg(timeout=5)).data == b"alive"
@@ -479,7 +477,7 @@ async def test_publisher_waiting_for_room_learns_of_the_close(nats_server_factor
     server = nats_server_factory(jetstream=False)
     async with connect(server.url, write_buffer_size=1024, connect_timeout=0.5) as nc:
         assert server.pid is not None
-        os.kill(server.pid, signal.SIGSTOP)  # nothing is read: the socket fills up
+        server.freeze()  # nothing is read: the socket fills up
         try:
             outcome: list[BaseException] = []
 
@@ -496,4 +494,4 @@ async def test_publisher_waiting_for_room_learns_of_the_close(nats_server_factor
                 await nc.close()
             assert len(outcome) == 1
         finally:
-            os.kill(server.pid, signal.SIGCONT)
+            server.thaw()
