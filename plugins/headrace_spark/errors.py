@@ -20,6 +20,9 @@ class SparkSchemaError(SparkSinkError, TypeError):
     """Records do not fit the declared schema (a missing field, a value of the wrong type), or
     the schema itself cannot be used. ``column`` names the column when one is at fault."""
 
+    #: Records that do not fit: split the batch at once to isolate them, never wait for them.
+    transient = False
+
     def __init__(self, message: str, column: str | None = None) -> None:
         self.column = column
         super().__init__(message)

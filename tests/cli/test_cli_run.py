@@ -509,8 +509,8 @@ async def test_live_view_on_a_terminal(nats_server, natspy, tmp_path: Path) -> N
 
 
 async def test_sink_failures_are_error_events(nats_server, natspy, tmp_path: Path) -> None:
-    """A failed write is reported and survived: its messages are naked, come back, and are
-    committed by the next write."""
+    """A failed write is reported and survived: the batch is written again (no nak, no
+    redelivery: a sink that fails is backpressure, not bad data) and committed."""
     await create_stream(natspy, nats_server.url)
     await publish(natspy, 10)
     path = write_pipeline(
@@ -530,8 +530,9 @@ async def test_sink_failures_are_error_events(nats_server, natspy, tmp_path: Pat
         assert error["error"].startswith("RuntimeError: MemorySink: injected failure #1")
         _, progress = await proc.wait_event("progress", lambda e: e["stats"]["acks"] == 10)
         stats = progress["stats"]
-        assert stats["naks"] == 10 and stats["redeliveries"] == 10
+        assert stats["naks"] == 0 and stats["redeliveries"] == 0
         assert stats["batches_failed"] == 1 and stats["errors"] == 1
+        assert stats["sink_retries"] == 1 and stats["retrying"] == 0
         proc.signal(signal.SIGINT)
         assert await proc.wait_exit() == 0
     assert [e for e in proc.events() if e["event"] == "error"] == [error]  # reported once

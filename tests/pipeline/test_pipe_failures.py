@@ -13,7 +13,9 @@ import pytest
 import trio
 from headrace.actors import ActorState, Restart
 from headrace.jetstream import ConsumeOptions, ConsumerConfig
-from headrace.pipeline import BatchPolicy, Record
+from headrace.pipeline import BatchPolicy, PipelineError, Record
+from headrace.pipeline.ack_tracker import PoisonTerminated
+from headrace.pipeline.sink_retry import SinkOutage, SinkRetry
 from headrace.pipeline.stages import INBOX_BATCHES
 from headrace.sinks import MemorySink, RecordsRejected
 from pipe_support import (
@@ -60,73 +62,213 @@ class TimedSink(MemorySink):
         await super().write_batch(batch)
 
 
-# -- sink failures: nak, redelivery, poison -----------------------------------------------------
+# -- sink failures: an outage is backpressure, a bad record is poison ----------------------------
 
 
-async def test_a_sink_that_fails_twice_naks_and_gets_the_messages_again(nats_server, peer):
+class BadRecordSink(MemorySink):
+    """Fails every write whose batch holds a record with a payload in ``bad`` (the way a real
+    sink fails on a value it cannot write: the whole write), and keeps the batch otherwise.
+    ``transient`` goes on the error (None: the sink says nothing)."""
+
+    def __init__(self, bad: set[bytes], transient: bool | None = None) -> None:
+        super().__init__()
+        self.bad = bad
+        self.transient = transient
+        self.attempts: list[list[int]] = []
+
+    async def write_batch(self, batch: Any) -> None:
+        self.attempts.append([r.stream_seq for r in batch])
+        if any(r.data in self.bad for r in batch):
+            error = ValueError("a value the sink cannot write")
+            if self.transient is not None:
+                error.transient = self.transient  # type: ignore[attr-defined]
+            raise error
+        await super().write_batch(batch)
+
+
+class DownFor(MemorySink):
+    """Every write fails (like a lake that is down) until ``up`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = trio.Event()
+        self.failures = 0
+
+    async def write_batch(self, batch: Any) -> None:
+        if not self.up.is_set():
+            self.failures += 1
+            raise ConnectionError("the lake is down")
+        await super().write_batch(batch)
+
+
+async def test_a_sink_that_fails_twice_is_written_again_in_place(nats_server, peer):
     await publish(peer, 5)
     sink = TimedSink(fail_times=2, fail_with=DiskFull)
-    pipe = fast_pipeline(nak_delay=0.2, nak_delay_max=5)
-    # count-cut batches: each delivery of the five messages makes one batch
+    pipe = fast_pipeline(sink_retry=SinkRetry(backoff=0.2, split_after=10))
     pipe.source(source()).sink(sink, name="lake", batch=BatchPolicy(max_messages=5, max_age=30))
     async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
         await sink.wait_for(5)
         info = await wait_consumer(peer, all_done(5))
         stats = run.stats
-        assert stats.naks == 10
-        assert stats.batches_failed == 2
-        assert stats.batches_committed == 1
-        assert stats.redeliveries == 10
-        assert stats.acks == 5
+        assert stats.naks == 0 and stats.redeliveries == 0  # held, not naked
+        assert stats.batches_failed == 2 and stats.sink_retries == 2
+        assert stats.batches_committed == 1 and stats.acks == 5
+        assert stats.retrying == 0
         assert [e.stage for e in run.errors] == ["lake", "lake"]
         assert all(isinstance(e.error, DiskFull) for e in run.errors)
-    assert sink.seen_delivered == [[1] * 5, [2] * 5, [3] * 5]
-    assert [r.num_delivered for r in sink.records] == [3] * 5
+    assert sink.seen_delivered == [[1] * 5] * 3  # the same delivery, written three times
     assert sink.keys == [("S", i) for i in range(1, 6)]
-    assert info.delivered.consumer_seq == 15  # three deliveries of five messages
-    assert info.num_redelivered == 0
-    # the nak delay grows with the delivery count: 0.2 s, then 0.4 s
+    assert info.delivered.consumer_seq == 5 and info.num_redelivered == 0
+    # the pause doubles: 0.2 s, then 0.4 s
     first, second, third = sink.write_times
     assert second - first >= 0.2
     assert third - second >= 0.4
 
 
-async def test_a_sink_that_always_fails_dead_letters_into_a_stream(nats_server, peer):
+async def test_a_sink_that_is_down_holds_the_stream_and_loses_nothing(nats_server, peer):
+    """The lake is down for longer than the consumer's ack wait: the pipeline keeps what it
+    holds alive (+WPI), stops taking more, naks and terminates nothing, and once the lake is
+    back every message is written once. With a dead letter and max_deliveries=1 too: a sink
+    that is down is not bad data."""
     await add_stream(peer, "DLQ", ["dlq.>"])
-    await publish(peer, 2, headers=lambda i: {"X-Trace": f"t{i}"})
-    sink = MemorySink(fail_times=1000, fail_with=DiskFull("disk full\r\nreally"))
-    pipe = fast_pipeline("orders", max_deliveries=3, dead_letter="dlq.orders")
-    pipe.source(source()).sink(sink, batch=BatchPolicy(max_messages=2, max_age=30))
+    await publish(peer, 40)
+    sink = DownFor()
+    pipe = fast_pipeline(
+        "down", max_deliveries=1, dead_letter="dlq.down", sink_retry=SinkRetry(backoff=0.1)
+    )
+    spec = source(config=ConsumerConfig(ack_wait=1.0, max_ack_pending=1000))
+    pipe.source(spec).sink(sink, name="lake", batch=BatchPolicy(max_messages=10, max_age=0.1))
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        await wait_stats(lambda: run.stats.in_progress > 0, what="+WPI while down", timeout=10)
+        await wait_stats(lambda: sink.failures >= 8, what="failures", timeout=20)
+        assert run.stats.retrying == 1
+        assert run.stats.naks == 0 and run.stats.terms == 0 and run.stats.dead_lettered == 0
+        sink.up.set()
+        await sink.wait_for(40)
+        info = await wait_consumer(peer, all_done(40))
+        assert run.stats.retrying == 0
+        assert run.stats.naks == 0 and run.stats.terms == 0 and run.stats.dead_lettered == 0
+    assert sorted(sink.keys) == [("S", i) for i in range(1, 41)]
+    assert info.num_redelivered == 0 and info.delivered.consumer_seq == 40
 
-    async def read_dead_letters() -> list[Any]:
+
+async def test_a_bad_record_is_isolated_and_only_it_is_dead_lettered(nats_server, peer):
+    """One record the sink cannot write, in a batch of eight: the batch is split until that
+    message fails alone; the seven others are committed once; only it goes to the dead letter
+    (after its deliveries), with its headers and the error."""
+    await add_stream(peer, "DLQ", ["dlq.>"])
+    await publish(peer, 8, headers=lambda i: {"X-Trace": f"t{i}"})
+    sink = BadRecordSink({b"5"})
+    pipe = fast_pipeline(
+        "orders",
+        max_deliveries=2,
+        dead_letter="dlq.orders",
+        nak_delay=0.05,
+        sink_retry=SinkRetry(backoff=0.05),
+    )
+    pipe.source(source()).sink(sink, name="lake", batch=BatchPolicy(max_messages=8, max_age=0.2))
+
+    async def read_dead_letter() -> Any:
         sub = await peer.nc.jetstream().pull_subscribe("dlq.>", "reader", stream="DLQ")
-        got: list[Any] = []
-        while len(got) < 2:
-            got += await sub.fetch(2 - len(got), timeout=10)
-        return got
+        (msg,) = await sub.fetch(1, timeout=20)
+        return msg
 
     async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
-        dead = await peer.call(read_dead_letters)
-        info = await wait_consumer(peer, all_done(2))
-        assert run.stats.dead_lettered == 2
-        assert run.stats.terms == 2
-        assert run.stats.naks == 4  # two per message before the third delivery
-        assert run.stats.acks == 0
-    assert sink.writes == 3
-    assert sink.records == []
-    assert info.delivered.consumer_seq == 6  # never delivered again after the +TERM
-    for i, msg in enumerate(sorted(dead, key=lambda m: int(m.headers["Headrace-Stream-Seq"]))):
-        assert msg.subject == "dlq.orders"
-        assert msg.data == b"%d" % i
-        h = msg.headers
-        assert h["Headrace-Pipeline"] == "orders"
-        assert h["Headrace-Error"].startswith("DiskFull: disk full")
-        assert "\n" not in h["Headrace-Error"] and "\r" not in h["Headrace-Error"]
-        assert h["Headrace-Subject"] == "s.x"
-        assert h["Headrace-Stream"] == "S"
-        assert h["Headrace-Stream-Seq"] == str(i + 1)
-        assert h["Headrace-Delivered"] == "3"
-        assert h["X-Trace"] == f"t{i}"  # the message's own headers travel with it
+        dead = await peer.call(read_dead_letter)
+        info = await wait_consumer(peer, all_done(8))
+        assert run.stats.dead_lettered == 1 and run.stats.terms == 1
+        assert run.stats.acks == 7
+        assert run.stats.naks == 1  # the bad message, once, before its second delivery
+    assert sorted(r.stream_seq for r in sink.records) == [1, 2, 3, 4, 5, 7, 8]
+    assert sink.keys.count(("S", 6)) == 0
+    assert all(seqs.count(6) <= 1 for seqs in sink.attempts)
+    h = dead.headers
+    assert dead.subject == "dlq.orders" and dead.data == b"5"
+    assert h["Headrace-Pipeline"] == "orders"
+    assert h["Headrace-Error"] == "ValueError: a value the sink cannot write"
+    assert h["Headrace-Stream-Seq"] == "6" and h["Headrace-Delivered"] == "2"
+    assert h["X-Trace"] == "t5"  # the message's own headers travel with it
+    assert info.num_redelivered == 0
+
+
+async def test_records_the_sink_says_are_bad_are_isolated_at_once(nats_server, peer):
+    """An error with ``transient = False`` (bad data, as SparkSchemaError): the batch is split
+    without retrying it whole, and a message failing so alone is poison at once."""
+    await publish(peer, 4)
+    sink = BadRecordSink({b"0"}, transient=False)
+    pipe = fast_pipeline(max_deliveries=1, allow_termination=True, sink_retry=SinkRetry())
+    pipe.source(source()).sink(sink, name="lake", batch=BatchPolicy(max_messages=4, max_age=30))
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        await wait_consumer(peer, all_done(4))
+        assert run.stats.terms == 1 and run.stats.terminated_unkept == 1
+        assert run.stats.sink_retries == 0  # no pause: nothing waited for
+    assert sorted(r.stream_seq for r in sink.records) == [2, 3, 4]
+    assert sink.attempts[:3] == [[1, 2, 3, 4], [1, 2], [3, 4]]
+
+
+async def test_past_the_retry_deadline_the_pipeline_stops_and_naks_what_it_holds(
+    nats_server, peer
+):
+    await publish(peer, 6)
+    sink = DownFor()
+    pipe = fast_pipeline(sink_retry=SinkRetry(backoff=0.1, deadline=1.0))
+    pipe.source(source()).sink(sink, name="lake", batch=BatchPolicy(max_messages=3, max_age=0.1))
+    async with connect(nats_server.url, **FAST) as nc:
+        with pytest.raises(SinkOutage, match="without one write succeeding") as caught:
+            async with pipe.running(nc) as run:
+                await run.wait_finished()
+        assert isinstance(caught.value.__cause__, ConnectionError)
+        assert run.stats.terms == 0 and run.stats.dead_lettered == 0
+        assert run.stats.naks == 6  # everything held, naked to be delivered again
+    # Nothing terminated, nothing acked; naked, so the next consumer of them gets all six at
+    # once (not after the 30 s ack wait), as their second delivery.
+
+    async def fetch_again() -> list[Any]:
+        sub = await peer.nc.jetstream().pull_subscribe(None, "C", stream="S")
+        got: list[Any] = []
+        while len(got) < 6:
+            got += await sub.fetch(6 - len(got), timeout=5)
+        return got
+
+    again = await peer.call(fetch_again)
+    assert sorted(m.metadata.sequence.stream for m in again) == [1, 2, 3, 4, 5, 6]
+    assert {m.metadata.num_delivered for m in again} == {2}
+
+
+async def test_a_dead_letter_no_stream_stores_is_refused_when_the_pipeline_starts(
+    nats_server, peer
+):
+    pipe = fast_pipeline("core-dlq", dead_letter="dead.letters")
+    pipe.source(source()).sink(MemorySink(), batch=BatchPolicy(max_messages=1, max_age=30))
+    async with connect(nats_server.url, **FAST) as nc:
+        with pytest.raises(PipelineError, match="no stream stores its dead_letter subject"):
+            async with pipe.running(nc):
+                await trio.sleep_forever()
+
+
+async def test_a_dead_letter_too_large_for_the_server_is_a_reference(nats_server, peer):
+    """A poison message just under max_payload: its copy with headrace's headers would not fit,
+    so a reference without the body is dead-lettered, saying so, instead of failing the
+    pipeline."""
+    await add_stream(peer, "DLQ", ["dlq.>"])
+    big = b"x" * (1024 * 1024 - 100)  # max_payload is 1 MiB: the headers push it over
+    await publish(peer, 1, data=lambda _i: big)
+    sink = BadRecordSink({big}, transient=False)
+    pipe = fast_pipeline(max_deliveries=1, dead_letter="dlq.big")
+    pipe.source(source()).sink(sink, batch=BatchPolicy(max_messages=1, max_age=30))
+
+    async def read_dead_letter() -> Any:
+        sub = await peer.nc.jetstream().pull_subscribe("dlq.>", "reader", stream="DLQ")
+        (msg,) = await sub.fetch(1, timeout=20)
+        return msg
+
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        dead = await peer.call(read_dead_letter)
+        await wait_consumer(peer, all_done(1))
+        assert run.stats.dead_lettered == 1 and run.stats.terms == 1
+    assert dead.data == b""
+    assert dead.headers["Headrace-Body"].startswith(f"omitted: {len(big)} bytes")
+    assert dead.headers["Headrace-Stream-Seq"] == "1"
 
 
 class PickySink(MemorySink):
@@ -171,6 +313,8 @@ class ConfusedSink(MemorySink):
 
 
 async def test_rejecting_records_not_in_the_batch_fails_the_whole_batch(nats_server, peer):
+    """A sink bug, not a partial commit: the batch's records fail as bad data (split, then
+    each message alone), never acked."""
     await publish(peer, 3)
     sink = ConfusedSink()
     pipe = fast_pipeline(nak_delay=30, nak_delay_max=30)
@@ -178,50 +322,26 @@ async def test_rejecting_records_not_in_the_batch_fails_the_whole_batch(nats_ser
     async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
         await wait_stats(lambda: run.stats.naks == 3, what="three naks")
         assert run.stats.acks == 0
-        assert run.stats.batches_failed == 1
-        (error,) = [e.error for e in run.errors]
-        assert "rejected records not in the batch" in str(error)
+        assert run.stats.batches_failed >= 3
+        assert all(
+            "rejected records not in the batch" in str(e.error) for e in run.errors
+        ), run.errors
 
 
-async def test_dead_letters_without_a_stream_go_to_core_subscribers(nats_server, peer):
+async def test_poison_without_a_dead_letter_subject_is_terminated_and_reported(nats_server, peer):
     await publish(peer, 1)
-    received: list[Any] = []
-
-    async def subscribe() -> Any:
-        return await peer.nc.subscribe("dead.>")
-
-    sub = await peer.call(subscribe)
-    await peer.call(peer.nc.flush)
-    sink = MemorySink(fail_times=1000)
-    pipe = fast_pipeline("core-dlq", max_deliveries=2, dead_letter="dead.letters")
-    pipe.source(source()).sink(sink, batch=BatchPolicy(max_messages=1, max_age=30))
-    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
-        received.append(await peer.call(sub.next_msg, timeout=10))
-        # terminated right after the dead letter is out (a flush confirms a core publish)
-        await wait_stats(lambda: run.stats.terms == 1, timeout=2, what="the +TERM")
-        await wait_consumer(peer, all_done(1))
-        assert run.stats.dead_lettered == 1
-    msg = received[0]
-    assert msg.subject == "dead.letters"
-    assert msg.data == b"0"
-    assert msg.headers["Headrace-Pipeline"] == "core-dlq"
-    assert msg.headers["Headrace-Error"].startswith("RuntimeError: MemorySink: injected failure")
-    assert msg.headers["Headrace-Subject"] == "s.x"
-    assert msg.headers["Headrace-Stream"] == "S"
-    assert msg.headers["Headrace-Stream-Seq"] == "1"
-
-
-async def test_poison_without_a_dead_letter_subject_is_terminated(nats_server, peer):
-    await publish(peer, 1)
-    sink = MemorySink(fail_times=1000)
+    sink = BadRecordSink({b"0"}, transient=False)
     pipe = fast_pipeline(max_deliveries=1)
     pipe.source(source()).sink(sink, batch=BatchPolicy(max_messages=1, max_age=30))
     async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
         info = await wait_consumer(peer, all_done(1))
-        assert run.stats.terms == 1
-        assert run.stats.dead_lettered == 0
-        assert run.stats.naks == 0
-    assert sink.writes == 1
+        assert run.stats.terms == 1 and run.stats.terminated_unkept == 1
+        assert run.stats.dead_lettered == 0 and run.stats.naks == 0
+        await wait_stats(
+            lambda: any(isinstance(e.error, PoisonTerminated) for e in run.errors),
+            what="the termination reported",
+        )
+    assert sink.attempts == [[1]]
     assert info.delivered.consumer_seq == 1
 
 
@@ -236,7 +356,7 @@ async def test_a_dead_letter_the_stream_refuses_is_not_terminated(nats_server, p
 
     await peer.call(full_dlq)
     await publish(peer, 1)
-    sink = MemorySink(fail_times=1000)
+    sink = BadRecordSink({b"0"}, transient=False)
     pipe = fast_pipeline(max_deliveries=1, dead_letter="dlq.p", nak_delay_max=30)
     pipe.source(source()).sink(sink, batch=BatchPolicy(max_messages=1, max_age=30))
     async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:

@@ -37,7 +37,14 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "records_out": ("headrace_records_committed_total", "Records committed by the sinks."),
     "dropped": ("headrace_records_dropped_total", "Records dropped by filters (acked)."),
     "batches_committed": ("headrace_batches_committed_total", "Batches committed by the sinks."),
-    "batches_failed": ("headrace_batches_failed_total", "Batches whose write failed (naked)."),
+    "batches_failed": (
+        "headrace_batches_failed_total",
+        "Sink writes that failed (retried, or their bad records isolated).",
+    ),
+    "sink_retries": (
+        "headrace_sink_retries_total",
+        "Pauses before writing a failed batch again (a sink down is retried, not naked).",
+    ),
     "acks": ("headrace_acks_total", "Messages acked."),
     "naks": ("headrace_naks_total", "Messages naked (redelivered later)."),
     "terms": ("headrace_terms_total", "Poison messages terminated."),
@@ -115,6 +122,12 @@ def render(snap: Snapshot) -> str:
         "gauge",
         "Messages the consumer still holds for the pipeline (num_pending of the last message).",
         [(label, stats.get("lag", 0))],
+    )
+    metric(
+        "headrace_sinks_retrying",
+        "gauge",
+        "Sinks failing right now: no write has succeeded since their last failure.",
+        [(label, stats.get("retrying", 0))],
     )
     metric(
         "headrace_ack_pending_messages",

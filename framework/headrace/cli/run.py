@@ -12,6 +12,9 @@ committed and acked, within the drain timeout); a second one stops it at once. E
   see ``headrace outputs``);
 - 3: the drain timed out: messages taken were not all committed and acked (the server redelivers
   them after their ack wait);
+- 4: poison messages were terminated without a dead-letter copy (the pipeline has no
+  ``dead_letter`` and does not ``allow_termination``): the run ended, but those messages are
+  only in the stream now (each was reported as an error event);
 - 128 + the signal number (130 for SIGINT, 143 for SIGTERM): stopped at once by a second signal;
   what was not committed is redelivered.
 
@@ -54,6 +57,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DRAIN_INCOMPLETE = 3
+EXIT_POISON_TERMINATED = 4
 
 #: After a second signal, how long the hard stop may take before the process just exits.
 HARD_STOP_GRACE = 2.0
@@ -80,7 +84,8 @@ def add_parser(commands: Any) -> None:
             "Pipeline, or a function of no arguments returning one). The first SIGINT/SIGTERM "
             "drains it, a second stops it at once. Progress and events go to standard error. "
             "Exit codes: 0 stopped cleanly, 1 failed, 2 usage or configuration error, 3 drain "
-            "timed out, 128+N stopped hard by signal N."
+            "timed out, 4 poison messages terminated without a dead letter, 128+N stopped hard "
+            "by signal N."
         ),
     )
     parser.add_argument("target", metavar="TARGET", help="path/to/file.py:name or module:name")
@@ -436,6 +441,17 @@ class Runner:
                 flush=True,
             )
             return EXIT_DRAIN_INCOMPLETE
+        unkept = run.stats.terminated_unkept
+        if unkept and not self.pipe.allow_termination:
+            self.event("poison_terminated", messages=unkept)
+            print(
+                f"headrace run: {unkept} poison messages were terminated without a dead-letter "
+                "copy (their error events say which): set the pipeline's dead_letter to keep "
+                "them, or allow_termination=True to accept it",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_POISON_TERMINATED
         return EXIT_OK
 
 

@@ -76,6 +76,7 @@ from headrace.cli.run import (
     EXIT_DRAIN_INCOMPLETE,
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_POISON_TERMINATED,
     EXIT_USAGE,
     HARD_STOP_GRACE,
     _fail,
@@ -691,14 +692,24 @@ class Supervisor:
         if self.hard_exit is not None:
             return self.hard_exit, None
         failed: list[Worker] = []
+        poisoned: list[Worker] = []
         incomplete: list[Worker] = []
         for w in self.workers:
             code = w.stop_exit
             # Terminated by our SIGTERM before it set up its handlers: it had taken nothing.
             if code is None or code in (EXIT_OK, -signal.SIGTERM):
                 continue
-            (incomplete if code == EXIT_DRAIN_INCOMPLETE else failed).append(w)
-        for group, code in ((failed, EXIT_FAILED), (incomplete, EXIT_DRAIN_INCOMPLETE)):
+            if code == EXIT_DRAIN_INCOMPLETE:
+                incomplete.append(w)
+            elif code == EXIT_POISON_TERMINATED:
+                poisoned.append(w)
+            else:
+                failed.append(w)
+        for group, code in (
+            (failed, EXIT_FAILED),
+            (poisoned, EXIT_POISON_TERMINATED),
+            (incomplete, EXIT_DRAIN_INCOMPLETE),
+        ):
             if group:
                 w = group[0]
                 assert w.stop_exit is not None

@@ -67,9 +67,13 @@ class CorruptCommitState(OutputConflict):
 
 class CommitContention(CommitError):
     """A commit lost the compare-and-set race too many times in a row, or could not learn
-    whether its write landed, within its deadline. Transient: the batch comes again."""
+    whether its write landed, within its deadline. Transient: the batch is written again."""
+
+    transient = True
 
 
 class CommitStateUnavailable(CommitError):
     """The commit state could not be read or written (the connection is down, the bucket's
-    stream has no leader). Transient: the batch comes again."""
+    stream has no leader). Transient: the batch is written again."""
+
+    transient = True

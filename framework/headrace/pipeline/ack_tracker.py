@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from headrace.actors.actor import Actor
-from headrace.errors import NatsError
+from headrace.errors import HeadraceError, MaxPayloadExceeded, NatsError
 from headrace.jetstream.errors import JetStreamError, StreamLookupError
 from headrace.jetstream.message import JsMsg, ack_all
+from headrace.jetstream.transient import retry_transient
+from headrace.pipeline.graph import PipelineError
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.stats import PipelineStats
 
@@ -41,6 +44,13 @@ if TYPE_CHECKING:
     from headrace.pipeline.graph import Pipeline
 
 DEFAULT_ACK_WAIT = 30.0
+#: How long one poison message's dead-letter publish and +TERM may take, shielded from a stop.
+POISON_TIMEOUT = 10.0
+
+
+class PoisonTerminated(HeadraceError):
+    """A poison message was terminated without a dead-letter copy (the pipeline has no
+    ``dead_letter``): its data is only in the stream now."""
 
 
 class _Group:
@@ -82,8 +92,9 @@ class AckTracker(Actor[_Poison | _Wake]):
         self._groups: deque[_Group] = deque()
         #: Each pull source's consume buffer, kept alive by the same scan.
         self.buffers: dict[str, Any] = {}
-        # Whether a stream captures the dead-letter subject (looked up once).
-        self._dead_letter_stream: bool | None = None
+        self._rescan = trio.Event()
+        #: Told of failures worth a line in the run's errors (``PipelineRun.report_error``).
+        self.report: Callable[[str, BaseException], None] = lambda _stage, _error: None
 
     def learn_ack_wait(self, source: str, ack_wait: float, buffer: Any = None) -> None:
         """A source bound its consumer: scan for +WPI at a quarter of its ack_wait."""
@@ -180,6 +191,27 @@ class AckTracker(Actor[_Poison | _Wake]):
         if self._room:
             self._room.unpark_all()
 
+    def abandon_all(self) -> int:
+        """Nak, without a delay, every message held (the pipeline is giving up: a sink outage
+        past its deadline): they are delivered again, here or to another worker, and none is
+        terminated. How many."""
+        naked = 0
+        for group in self._groups:
+            for delivery in group.deliveries:
+                if delivery.done:
+                    continue
+                delivery.done = True
+                group.open -= 1
+                self.in_flight[delivery.source] -= 1
+                delivery.msg.nak_nowait()
+                naked += 1
+        self.stats.naks += naked
+        self.stats.ack_pending -= naked
+        self._forget_settled()
+        if self._room:
+            self._room.unpark_all()
+        return naked
+
     async def wait_room(self, source: str, limit: int) -> None:
         """Wait while ``source`` has ``limit`` or more messages in the pipeline: the bound on
         memory, whatever the stages' inboxes could hold."""
@@ -189,19 +221,46 @@ class AckTracker(Actor[_Poison | _Wake]):
     # -- the actor's task: poison messages and +WPI ---------------------------------------------
 
     async def run(self) -> None:
-        # A deadline, not a timeout per receive: a stream of poison messages must not keep
-        # postponing the +WPI scan.
-        next_scan = trio.current_time() + self._scan_interval()
-        while True:
-            with trio.move_on_at(next_scan):
+        await self._check_dead_letter()
+        # Poison jobs are handled one after another, each whole (its dead-letter publish and
+        # its +TERM); the +WPI scan runs beside them on its own deadline, so neither cuts the
+        # other short (a dead-letter publish cancelled by the scan's timer was stored and never
+        # terminated, and the rest of its batch neither terminated nor naked).
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._scan_loop)
+            while True:
                 job = await self.inbox.receive()
                 if isinstance(job, _Poison):
                     await self._poison(job)
                 else:  # a source bound: its ack_wait may call for an earlier scan
-                    next_scan = min(next_scan, trio.current_time() + self._scan_interval())
+                    self._rescan.set()
+
+    async def _scan_loop(self) -> None:
+        next_scan = trio.current_time() + self._scan_interval()
+        while True:
+            with trio.move_on_at(next_scan):
+                await self._rescan.wait()
+                self._rescan = trio.Event()
+                next_scan = min(next_scan, trio.current_time() + self._scan_interval())
                 continue
             self._send_in_progress()
             next_scan = trio.current_time() + self._scan_interval()
+
+    async def _check_dead_letter(self) -> None:
+        """A dead letter must be kept: a stream must store the subject (checked once, when the
+        pipeline starts), so that a poison message is terminated only once its copy is."""
+        subject = self.pipeline.dead_letter
+        if subject is None:
+            return
+        try:
+            await retry_transient(lambda: self.js.find_stream(subject))
+        except StreamLookupError:
+            raise PipelineError(
+                f"pipeline {self.pipeline.name!r}: no stream stores its dead_letter subject "
+                f"{subject!r}, so a poison message's copy would be kept nowhere. Create a stream "
+                "capturing it (e.g. nats stream add DLQ --subjects "
+                f"'{subject}'), or leave dead_letter unset"
+            ) from None
 
     def _scan_interval(self) -> float:
         waits = self.ack_wait.values()
@@ -230,19 +289,34 @@ class AckTracker(Actor[_Poison | _Wake]):
         dead_letter = self.pipeline.dead_letter
         reason = f"{type(job.error).__name__}: {job.error}"[:500]
         for delivery in job.deliveries:
-            msg = delivery.msg
-            if dead_letter is not None:
-                try:
-                    await self._dead_letter(dead_letter, msg, reason)
-                except (JetStreamError, NatsError):
-                    # Not kept anywhere: terminating it now would lose it. Redeliver later.
-                    self.stats.errors += 1
-                    msg.nak_nowait(self.pipeline.nak_delay_max)
-                    self.stats.naks += 1
-                    continue
-                self.stats.dead_lettered += 1
-            msg.term_nowait(f"poison message in pipeline {self.pipeline.name}: {reason}"[:200])
-            self.stats.terms += 1
+            # Each message whole: its copy stored, then its +TERM, not cut apart by a stop.
+            with trio.CancelScope(shield=True), trio.move_on_after(POISON_TIMEOUT):
+                await self._one_poison(delivery.msg, dead_letter, reason)
+
+    async def _one_poison(self, msg: JsMsg, dead_letter: str | None, reason: str) -> None:
+        if dead_letter is not None:
+            try:
+                await self._dead_letter(dead_letter, msg, reason)
+            except (JetStreamError, NatsError):
+                # Not kept anywhere: terminating it now would lose it. Redeliver later.
+                self.stats.errors += 1
+                msg.nak_nowait(self.pipeline.nak_delay_max)
+                self.stats.naks += 1
+                return
+            self.stats.dead_lettered += 1
+        else:
+            # Terminated with no copy anywhere but the stream: said loudly, counted, and
+            # `headrace run` exits non-zero at the end unless the pipeline allows it.
+            self.stats.terminated_unkept += 1
+            self.report(
+                self.name,
+                PoisonTerminated(
+                    f"poison message {msg.metadata.stream} #{msg.metadata.stream_seq} "
+                    f"terminated without a dead letter: {reason}"
+                ),
+            )
+        msg.term_nowait(f"poison message in pipeline {self.pipeline.name}: {reason}"[:200])
+        self.stats.terms += 1
 
     async def _dead_letter(self, subject: str, msg: JsMsg, reason: str) -> None:
         meta = msg.metadata
@@ -259,17 +333,14 @@ class AckTracker(Actor[_Poison | _Wake]):
                 if name.startswith("Nats-"):
                     continue  # the server's own (de-duplication, expectations): not to replay
                 headers.setdefault(name, value)
-        if self._dead_letter_stream is None:
-            try:
-                await self.js.find_stream(subject)
-                self._dead_letter_stream = True
-            except StreamLookupError:
-                self._dead_letter_stream = False
-        if self._dead_letter_stream:
+        try:
             await self.js.publish(subject, msg.data, headers=headers)
-        else:
-            # No stream keeps dead letters: a core publish, confirmed by a flush, is all there
-            # is. (Not a JetStream publish: a core subscriber on the subject would receive it as
-            # a request and never answer, and the publish would time out and be retried.)
-            await self.js.nc.publish(subject, msg.data, headers=headers)
-            await self.js.nc.flush()
+        except MaxPayloadExceeded:
+            # The copy does not fit (the message was just under max_payload, and the headers
+            # above made it larger): a reference, without the body, rather than nothing. The
+            # body stays in the stream at the sequence the headers name.
+            headers["Headrace-Body"] = (
+                f"omitted: {len(msg.data)} bytes, over the server's max_payload with these "
+                "headers; the message is in its stream at Headrace-Stream-Seq"
+            )
+            await self.js.publish(subject, b"", headers=headers)

@@ -34,6 +34,7 @@ from headrace.commits.coordinator import DEFAULT_BUCKET
 from headrace.errors import HeadraceError
 from headrace.jetstream.kv import check_bucket_name
 from headrace.pipeline.batch import BatchPolicy
+from headrace.pipeline.sink_retry import SinkRetry
 from headrace.pipeline.source import JetStreamSource
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class Node:
     #: sinks
     sink_obj: Any = None
     batch: BatchPolicy = attrs.field(factory=BatchPolicy)
+    #: How the sink's failed writes are retried (None: the pipeline's ``sink_retry``).
+    retry: SinkRetry | None = None
     restart: RestartPolicy = attrs.field(factory=Escalate)
 
     def __repr__(self) -> str:
@@ -158,10 +161,12 @@ class Node:
         *,
         name: str | None = None,
         batch: BatchPolicy | None = None,
+        retry: SinkRetry | None = None,
         restart: RestartPolicy | None = None,
     ) -> Node:
         """Write records to ``sink`` in batches cut by ``batch``; records are acked after the
-        sink committed them."""
+        sink committed them. ``retry``: how failed writes are retried (default: the
+        pipeline's ``sink_retry``; docs/failures.md)."""
         default = getattr(sink, "name", None) or type(sink).__name__.lower()
         return self._then(
             "sink",
@@ -169,6 +174,7 @@ class Node:
             name or default,
             sink_obj=sink,
             batch=batch or BatchPolicy(),
+            retry=retry,
             restart=restart or Escalate(),
         )
 
@@ -182,13 +188,17 @@ class Pipeline:
     """A named graph of sources, operators and sinks, and how its deliveries are acked.
 
     ``max_deliveries``: a message whose processing failed this many deliveries is a poison
-    message: terminated (+TERM) and published to ``dead_letter`` if set. ``max_in_flight``
-    bounds the messages a source has in the pipeline at once (taken, not yet acked), which
-    bounds memory; by default twice the larger of its consume buffer and its largest batch.
-    ``nak_delay`` and ``nak_delay_max`` bound the backoff of naks before that.
+    message: published to ``dead_letter`` if set (a subject a stream must store: checked when
+    the pipeline starts), then terminated (+TERM). Without a dead letter it is terminated and
+    reported, and ``headrace run`` exits 4 at the end unless ``allow_termination``.
+    ``max_in_flight`` bounds the messages a source has in the pipeline at once (taken, not yet
+    acked), which bounds memory; by default twice the larger of its consume buffer and its
+    largest batch. ``nak_delay`` and ``nak_delay_max`` bound the backoff of naks before that.
     ``drain_timeout``: how long a cancelled pipeline may take to commit and ack what it holds
     before it is stopped hard. ``commit_bucket``: the KV bucket where sinks shared by several
-    workers keep their commit state (docs/scaling.md).
+    workers keep their commit state (docs/scaling.md). ``sink_retry``: how the sinks' failed
+    writes are retried, an outage told from bad records (a sink's own ``retry`` overrides it;
+    docs/failures.md).
     """
 
     def __init__(
@@ -202,6 +212,8 @@ class Pipeline:
         drain_timeout: float = 30.0,
         max_in_flight: int | None = None,
         commit_bucket: str = DEFAULT_BUCKET,
+        sink_retry: SinkRetry | None = None,
+        allow_termination: bool = False,
     ) -> None:
         if not name:
             raise PipelineError("a pipeline needs a name")
@@ -217,6 +229,8 @@ class Pipeline:
             raise PipelineError("max_in_flight must be at least 1")
         self.max_in_flight = max_in_flight
         self.commit_bucket = check_bucket_name(commit_bucket)
+        self.sink_retry = sink_retry or SinkRetry()
+        self.allow_termination = allow_termination
         self.nodes: list[Node] = []
 
     def __repr__(self) -> str:

@@ -26,6 +26,7 @@ from headrace.jetstream.consumer_config import ConsumerInfo
 from headrace.jetstream.context import JetStream
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT, AckTracker
 from headrace.pipeline.sink import SinkContext
+from headrace.pipeline.sink_retry import SinkOutage
 from headrace.pipeline.stages import (
     BatcherStage,
     OperatorStage,
@@ -59,6 +60,7 @@ class PipelineRun:
         self.js = js or JetStream(nc)
         self.stats = PipelineStats()
         self.tracker = AckTracker(pipeline, self.js, self.stats)
+        self.tracker.report = self.report_error
         self.stages: dict[str, Stage] = {}
         self.sources: list[SourceStage] = []
         self.draining = False
@@ -239,6 +241,15 @@ class PipelineRun:
         """Wait until the pipeline has drained and stopped (it runs until asked to)."""
         await self._finished.wait()
 
+    async def _abandon(self) -> None:
+        """The pipeline gives up (a sink down past its deadline): nak everything it holds, so
+        that it is delivered again (to another worker, or the next run) at once rather than
+        after its ack wait; never terminated. After the stages stopped: the sources have let
+        go of their consumers, so the naked messages are not handed straight back here."""
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            self.tracker.abandon_all()
+            await self.nc.flush()
+
     @asynccontextmanager
     async def lifetime(self) -> AsyncIterator[None]:
         body_error: BaseException | None = None
@@ -256,12 +267,14 @@ class PipelineRun:
         except BaseExceptionGroup as group:
             failed = _find_failure(group)
             if failed is not None:
-                error = failed.error
+                error = _lone(failed.error)
+                if isinstance(error, SinkOutage):
+                    await self._abandon()
                 error.add_note(
                     f"headrace: actor {failed.actor!r} of pipeline "
                     f"{self.pipeline.name!r} failed for good"
                 )
-                raise error from None
+                raise error from error.__cause__  # its own cause kept, not the group around
             raise
         if body_error is not None:
             try:
@@ -279,3 +292,15 @@ def _find_failure(group: BaseExceptionGroup[Any]) -> ActorFailed | None:
             if found is not None:
                 return found
     return None
+
+
+def _lone(error: BaseException) -> BaseException:
+    """An actor's error as itself: an actor whose run keeps a nursery of its own (a sink's
+    background tasks) fails with a group around its one error; the caller wants the error
+    (``except SinkOutage``), with its cause. Cancellations beside it are left out."""
+    while isinstance(error, BaseExceptionGroup):
+        inner = [e for e in error.exceptions if not isinstance(e, trio.Cancelled)]
+        if len(inner) != 1:
+            return error
+        error = inner[0]
+    return error

@@ -24,6 +24,7 @@ from headrace.jetstream.transient import is_transient
 from headrace.pipeline.batch import Batch
 from headrace.pipeline.record import Record
 from headrace.pipeline.sink import SinkContext, SinkRunner
+from headrace.pipeline.sink_retry import BatchCommitter
 from headrace.sinks.errors import RecordsRejected, SinkError
 
 if TYPE_CHECKING:
@@ -387,6 +388,14 @@ class SinkStage(Stage):
         self.tracker = tracker
         self.run_ = run
         self.runner = SinkRunner(node.sink_obj, node.name)
+        self.committer = BatchCommitter(
+            node.retry or run.pipeline.sink_retry,
+            self._attempt,
+            self._poisoned,
+            name=node.name,
+        )
+        self._failing = False
+        self._retries_seen = 0
 
     async def run(self) -> None:
         # The sink's background tasks (SinkContext.nursery) live from its open to its close.
@@ -422,6 +431,18 @@ class SinkStage(Stage):
                 await self.runner.close()
 
     async def _write(self, records: list[Record]) -> None:
+        """Commit a batch: written again while the sink is down, split to find bad records
+        (sink_retry.py). Past the retry deadline everything held is naked and the pipeline
+        stops."""
+        try:
+            # A SinkOutage (past the deadline) stops the pipeline; once its sources have let go
+            # of the consumer, the run naks everything held (PipelineRun.lifetime).
+            await self.committer.commit(records)
+        finally:
+            self._note_failing()
+
+    async def _attempt(self, records: list[Record]) -> BaseException | None:
+        """One write of ``records``: None when committed (the tracker told), else why not."""
         stats = self.run_.stats
         batch = Batch(records, self.node.name)
         started = trio.current_time()
@@ -438,22 +459,40 @@ class SinkStage(Stage):
             rejected = {id(record) for record, _ in exc.rejected}
             if not rejected <= {id(record) for record in records}:
                 wrong = SinkError(f"sink {self.node.name!r} rejected records not in the batch")
-                self._failed(records, wrong)
-                return
+                wrong.transient = False  # type: ignore[attr-defined]  # its batch: split it
+                return self._attempt_failed(wrong)
             for record, error in exc.rejected:
                 self.tracker.failed([record], error)
             self.run_.report_error(self.node.name, exc)
             records = [r for r in records if id(r) not in rejected]
         except Exception as exc:
-            self._failed(records, exc)
-            return
+            return self._attempt_failed(exc)
         elapsed = trio.current_time() - started
         stats.batches_committed += 1
         stats.commit_seconds_last = elapsed
         stats.commit_seconds_total += elapsed
         self.tracker.committed(records)
+        self._note_failing()
+        return None
 
-    def _failed(self, records: list[Record], exc: BaseException) -> None:
+    def _attempt_failed(self, exc: BaseException) -> BaseException:
         self.run_.stats.batches_failed += 1
-        self.tracker.failed(records, exc)
+        self.run_.stats.errors += 1
         self.run_.report_error(self.node.name, exc)
+        self._note_failing(failing=True)
+        return exc
+
+    def _poisoned(self, records: list[Record], exc: BaseException) -> None:
+        """A message whose records fail alone, while the sink commits others: it fails like an
+        operator's failing record (nak; poison after ``max_deliveries``)."""
+        self.tracker.failed(records, exc)
+
+    def _note_failing(self, *, failing: bool | None = None) -> None:
+        """Keep ``stats.retrying`` (sinks in a run of failures) and ``stats.sink_retries``
+        current."""
+        now_failing = self.committer.failing_since is not None if failing is None else failing
+        if now_failing != self._failing:
+            self._failing = now_failing
+            self.run_.stats.retrying += 1 if now_failing else -1
+        self.run_.stats.sink_retries += self.committer.retries - self._retries_seen
+        self._retries_seen = self.committer.retries

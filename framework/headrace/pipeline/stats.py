@@ -18,11 +18,18 @@ class PipelineStats:
     records_out: int = 0  # records handed to sinks
     dropped: int = 0  # records a filter dropped (acked when dropped)
     batches_committed: int = 0
+    #: Sink writes that failed (each is retried, or its bad records isolated).
     batches_failed: int = 0
+    #: Pauses before writing a failed batch again.
+    sink_retries: int = 0
+    #: Sinks in a run of failures right now (no write has succeeded since the first).
+    retrying: int = 0
     acks: int = 0
     naks: int = 0
     terms: int = 0
     dead_lettered: int = 0
+    #: Poison messages terminated with no dead-letter copy (no ``dead_letter`` set).
+    terminated_unkept: int = 0
     in_progress: int = 0  # +WPI sent for slow commits
     errors: int = 0  # operator and sink failures
     commit_seconds_total: float = 0.0

@@ -15,6 +15,7 @@ from headrace.sinks.errors import (
     SinkError,
     SinkLoadError,
     SinkNotOpen,
+    SinkUnavailable,
     UnknownSink,
     UnserialisableValue,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "SinkError",
     "SinkLoadError",
     "SinkNotOpen",
+    "SinkUnavailable",
     "StdoutSink",
     "UnknownSink",
     "UnserialisableValue",

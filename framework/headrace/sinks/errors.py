@@ -65,6 +65,18 @@ class UnserialisableValue(SinkError, TypeError):
     Convert it in an operator before the sink (``map``), or write a sink for that type.
     """
 
+    #: Bad records, not a sink that is down: the batch is split at once to isolate them
+    #: (headrace.pipeline.sink_retry).
+    transient = False
+
+
+class SinkUnavailable(SinkError):
+    """Raise (or subclass) it from ``write_batch`` when the sink's destination is down (a
+    connection refused, a full disk): the batch is written again after a pause, never split
+    to look for bad records (headrace.pipeline.sink_retry)."""
+
+    transient = True
+
 
 class RecordsRejected(SinkError):
     """Raised by ``write_batch`` after it committed the batch *except* some records that can
