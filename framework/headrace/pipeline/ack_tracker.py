@@ -6,13 +6,17 @@ time, so there is no race): records admitted at the source, dropped by a filter,
 sink, or failed. The tracker does the bookkeeping on the :class:`Delivery` objects and sends the
 acks of a committed batch in one write (``ack_all``).
 
-Failure: a delivery with a failed record is naked once, with a backoff delay that grows with its
-delivery count, so the whole message is redelivered (sinks that committed its other records see
-it again: they must be idempotent, which the record metadata allows). Once it has been delivered
-``max_deliveries`` times it is a poison message: terminated (+TERM), and published with headers
-naming the pipeline, the error, the original subject, stream and sequence to the dead-letter
-subject if one is set. The dead-letter publish waits for the stream's PubAck (or a flush when no
-stream captures the subject) before the +TERM, so a poison message is never just dropped.
+Failure: a delivery with a failed record (an operator failing it, a sink rejecting it, or a
+sink stage isolating it as bad: sink outages never get here, see ``sink_retry.py``) is naked
+once, with a backoff delay that grows with its delivery count, so the whole message is
+redelivered (sinks that committed its other records see it again: they must be idempotent,
+which the record metadata allows). Once it has been delivered ``max_deliveries`` times it is a
+poison message: published with headers naming the pipeline, the error, the original subject,
+stream and sequence to the dead-letter subject (which a stream must store: checked at start),
+and terminated (+TERM) only after the stream's PubAck, so a poison message is never just
+dropped. Without a dead letter it is terminated and reported (:class:`PoisonTerminated`).
+Poison handling runs apart from the +WPI scan, one message at a time, shielded, so a stop
+never cuts it in half.
 
 Slow commits: the tracker's own task sends +WPI (work in progress) for messages held longer than
 half of their consumer's ack_wait, so that a slow sink does not cause redeliveries. The same scan
@@ -160,10 +164,16 @@ class AckTracker(Actor[_Poison | _Wake]):
         while groups and groups[0].open <= 0:
             groups.popleft()
 
-    def failed(self, records: list[Record], error: BaseException) -> None:
-        """Processing these records failed: nak their messages (or, past ``max_deliveries``,
-        treat them as poison)."""
-        self.stats.errors += 1
+    def failed(
+        self,
+        records: list[Record],
+        error: BaseException,
+        actor: str | None = None,
+        node: str | None = None,
+    ) -> None:
+        """Processing these records failed in ``actor`` (of node ``node``): nak their messages
+        (or, past ``max_deliveries``, treat them as poison)."""
+        self.stats.failure(actor or self.name, node or actor or self.name, error, records)
         poison: list[Delivery] = []
         for record in records:
             delivery = record.delivery
@@ -297,9 +307,9 @@ class AckTracker(Actor[_Poison | _Wake]):
         if dead_letter is not None:
             try:
                 await self._dead_letter(dead_letter, msg, reason)
-            except (JetStreamError, NatsError):
+            except (JetStreamError, NatsError) as exc:
                 # Not kept anywhere: terminating it now would lose it. Redeliver later.
-                self.stats.errors += 1
+                self.stats.failure(self.name, self.name, exc, msg=msg)
                 msg.nak_nowait(self.pipeline.nak_delay_max)
                 self.stats.naks += 1
                 return
