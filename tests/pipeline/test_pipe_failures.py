@@ -246,6 +246,25 @@ async def test_a_dead_letter_no_stream_stores_is_refused_when_the_pipeline_start
                 await trio.sleep_forever()
 
 
+async def test_a_consumer_that_gives_up_before_the_pipeline_is_refused(nats_server, peer):
+    """max_deliver 3 under max_deliveries 5: the server would stop delivering a failing message
+    before the pipeline made it poison, and it would be neither written nor dead-lettered."""
+    pipe = fast_pipeline("gives-up", max_deliveries=5)
+    spec = source(config=ConsumerConfig(max_deliver=3))
+    pipe.source(spec).sink(MemorySink(), batch=BatchPolicy(max_messages=1, max_age=30))
+    async with connect(nats_server.url, **FAST) as nc:
+        with pytest.raises(PipelineError, match=r"at most 3 times \(max_deliver\)"):
+            async with pipe.running(nc):
+                await trio.sleep_forever()
+    # The same consumer is fine for a pipeline that gives up first (or at the same delivery).
+    pipe = fast_pipeline("gives-up", max_deliveries=3)
+    sink = MemorySink()
+    pipe.source(spec).sink(sink, batch=BatchPolicy(max_messages=1, max_age=30))
+    await publish(peer, 1)
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc):
+        await sink.wait_for(1)
+
+
 async def test_a_dead_letter_too_large_for_the_server_is_a_reference(nats_server, peer):
     """A poison message just under max_payload: its copy with headrace's headers would not fit,
     so a reference without the body is dead-lettered, saying so, instead of failing the

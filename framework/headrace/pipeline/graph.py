@@ -324,6 +324,21 @@ class Pipeline:
                 "could only ever be cut by age. Lower the batch or raise max_ack_pending"
             )
 
+    def check_max_deliver(self, source: Node, max_deliver: int | None) -> None:
+        """A consumer that stops delivering before the pipeline's ``max_deliveries`` would
+        strand a failing message: the server gives up on it (it stays in the stream, never
+        delivered again, no advisory the pipeline sees) before the pipeline makes it poison,
+        so it is neither written nor dead-lettered, and the run ends as if nothing happened."""
+        if max_deliver is not None and 0 < max_deliver < self.max_deliveries:
+            raise PipelineError(
+                f"source {source.name!r}: its consumer delivers a message at most "
+                f"{max_deliver} times (max_deliver), but the pipeline makes a message poison "
+                f"only when its delivery {self.max_deliveries} fails (max_deliveries): a "
+                "failing message would be given up by the server, neither written nor "
+                "dead-lettered. Raise the consumer's max_deliver to max_deliveries or more "
+                "(or leave it unlimited), or lower max_deliveries"
+            )
+
     def _check_acyclic(self) -> None:
         state: dict[int, int] = {}
 

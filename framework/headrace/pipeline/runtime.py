@@ -111,6 +111,7 @@ class PipelineRun:
         self.tracker.learn_ack_wait(
             node.name, info.config.ack_wait or DEFAULT_ACK_WAIT, source.buffer
         )
+        self.pipeline.check_max_deliver(node, info.config.max_deliver)
         limit = info.config.max_ack_pending
         if limit:
             for sink in self.pipeline.sinks:
