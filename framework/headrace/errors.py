@@ -46,7 +46,23 @@ class InvalidSubjectError(ProtocolError, ValueError):
 
 
 class InvalidHeaderError(ProtocolError, ValueError):
-    """A header name or value that cannot be encoded, or a header block that cannot be parsed."""
+    """A header name or value that cannot be encoded, or a header block that the strict
+    ``parse_header_block`` cannot parse (received blocks are read leniently: see
+    :class:`MalformedHeaderWarning`)."""
+
+
+class HeadraceWarning(UserWarning):
+    """Base class of the warnings headrace issues (``warnings.warn``)."""
+
+
+class MalformedHeaderWarning(HeadraceWarning):
+    """A received message's header block had lines that could not be read.
+
+    A message's headers come from whoever published it, and the server relays (and a stream
+    stores) them unchecked. The unreadable lines are left out and the rest is kept, so one bad
+    message cannot make a subscription, a consume or a KV bucket unusable; this warning says
+    which message and which lines, once per message.
+    """
 
 
 # -- connection -------------------------------------------------------------------------------

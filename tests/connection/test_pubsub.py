@@ -3,6 +3,7 @@ with nats-py as the independent peer on the other end."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from headrace.errors import (
     DrainTimeout,
     InvalidHeaderError,
     InvalidSubjectError,
+    MalformedHeaderWarning,
     MaxPayloadExceeded,
     NatsError,
     NoRespondersError,
@@ -22,6 +24,7 @@ from headrace.errors import (
 )
 from headrace.nats import Reconnected, SlowConsumer, SlowConsumerPolicy, Status, connect
 from headrace.protocol import Headers
+from raw_publish import raw_hpub
 
 
 async def test_publish_subscribe_with_headers(core_server):
@@ -404,6 +407,46 @@ async def test_body_exception_is_not_wrapped(core_server):
     with pytest.raises(KeyError, match="mine"):
         async with connect(core_server.url):
             raise KeyError("mine")
+
+
+# -- header blocks that are not well formed (issue 11) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("block", "headers"),
+    [
+        (b"NATS/1.0\r\n\xff\xfe: x\r\nA: 1\r\n\r\n", {"A": "1"}),  # a non-UTF-8 name
+        (b"NATS/1.0\r\nno colon\r\nA: 1\r\nB C: 2\r\n\r\n", {"A": "1"}),
+        (b"XATS/1.0\r\nA: 1\r\n\r\n", {"A": "1"}),  # not a NATS/1.0 block
+        (b"NATS/1.0 abc\r\nA: 1\r\n\r\n", {"A": "1"}),  # a malformed status
+        (b"NATS/1.0\r\nA: 1\r\n", {"A": "1"}),  # no blank line at the end
+        (b"X", {}),
+    ],
+)
+async def test_a_malformed_header_block_is_delivered_with_what_can_be_read(
+    core_server, block, headers
+):
+    """A header block with lines that cannot be read made ``msg.headers`` raise; one that is
+    not a ``NATS/1.0`` block at all was a protocol error that dropped the connection (and
+    lost the message). The message is delivered, its readable lines kept, the rest reported
+    once as a :class:`MalformedHeaderWarning`."""
+    async with connect(core_server.url) as nc:
+        sub = await nc.subscribe("odd.*")
+        await nc.flush()
+        await raw_hpub(core_server.port, "odd.1", block, b"payload", stored=False)
+        await nc.publish("odd.2", b"after")
+        msg = await sub.next_msg(timeout=5)
+        assert (msg.subject, msg.data) == ("odd.1", b"payload")
+        with pytest.warns(MalformedHeaderWarning, match="odd.1") as warned:
+            assert msg.headers == Headers(headers)
+        assert len(warned) == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # read once, reported once
+            assert msg.headers == Headers(headers)
+            assert msg.status is None
+        after = await sub.next_msg(timeout=5)
+        assert after.data == b"after"
+        assert nc.stats.reconnects == 0
 
 
 # -- interop with nats-py ---------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+from headrace.errors import MalformedHeaderWarning
 from headrace.jetstream import (
     DiscardPolicy,
     JetStream,
@@ -35,6 +36,8 @@ from headrace.jetstream.kv import (
     key_value,
 )
 from headrace.nats import connect
+from headrace.protocol import Headers
+from raw_publish import raw_hpub
 
 TIMEOUT = 10
 
@@ -495,6 +498,66 @@ async def test_keys(nats_server):
         assert sorted(await kv.keys()) == ["a.1", "a.2", "b.1"]
         assert sorted(await kv.keys("a.*")) == ["a.1", "a.2"]
         assert sorted(await kv.keys(["a.1", "b.>"])) == ["a.1", "b.1"]
+
+
+# -- a malformed header line (issue 11) ------------------------------------------------------------
+
+
+async def test_a_malformed_header_line_leaves_the_bucket_usable(nats_server):
+    """The server stores header blocks unchecked: a raw publish left a message whose block has
+    a line with a non-UTF-8 name. Reading its headers used to raise, and with it get, keys and
+    watch, for the whole bucket. Now the bad line is left out, the rest is kept (a DEL marker
+    stays a marker), and each message's bad lines are reported once, as a warning."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        kv = await create_key_value(js, KeyValueConfig(bucket="B"))
+        await kv.put("good", b"1")
+        bad = await raw_hpub(
+            nats_server.port, "$KV.B.bad", b"NATS/1.0\r\n\xff\xfe: x\r\nTrace: kept\r\n\r\n", b"2"
+        )
+        assert bad is not None and "seq" in bad, bad
+        await raw_hpub(
+            nats_server.port, "$KV.B.gone", b"NATS/1.0\r\n\xc3: x\r\nKV-Operation: DEL\r\n\r\n", b""
+        )
+
+        with pytest.warns(MalformedHeaderWarning, match="bad") as warned:
+            entry = await kv.get("bad")
+        assert (entry.value, entry.revision, entry.operation) == (b"2", bad["seq"], Operation.PUT)
+        assert len(warned) == 1
+        with pytest.warns(MalformedHeaderWarning), pytest.raises(KeyNotFound) as missing:
+            await kv.get("gone")
+        assert missing.value.entry is not None
+        assert missing.value.entry.operation is Operation.DEL
+
+        with pytest.warns(MalformedHeaderWarning):
+            assert sorted(await kv.keys()) == ["bad", "good"]
+        with pytest.warns(MalformedHeaderWarning):
+            async with kv.watch() as watcher:
+                assert sorted(await initial(watcher)) == [
+                    ("bad", b"2", Operation.PUT),
+                    ("gone", b"", Operation.DEL),
+                    ("good", b"1", Operation.PUT),
+                ]
+        stored = await js.get_msg("KV_B", last_by_subject="$KV.B.bad")
+        with pytest.warns(MalformedHeaderWarning):
+            assert stored.headers == Headers([("Trace", "kept")])
+
+
+async def test_a_block_that_is_not_nats_1_0_leaves_the_bucket_usable(nats_server):
+    """A stored header block that does not even start with ``NATS/1.0`` (the server keeps it
+    as is) used to be a protocol error when delivered: the connection dropped, the watch's
+    consumer was made again, delivered it again, and so on. It is delivered like any other."""
+    async with connect(nats_server.url) as nc:
+        kv = await create_key_value(JetStream(nc), KeyValueConfig(bucket="B"))
+        await kv.put("good", b"1")
+        await raw_hpub(nats_server.port, "$KV.B.odd", b"XATS/1.0\r\nTrace: 1\r\n\r\n", b"2")
+        with pytest.warns(MalformedHeaderWarning, match="odd"):
+            async with kv.watch() as watcher:
+                assert sorted(await initial(watcher)) == [
+                    ("good", b"1", Operation.PUT),
+                    ("odd", b"2", Operation.PUT),
+                ]
+        assert nc.stats.reconnects == 0
 
 
 # -- watch ----------------------------------------------------------------------------------------

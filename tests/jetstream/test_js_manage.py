@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 import trio
@@ -16,9 +18,11 @@ from headrace.jetstream import (
     ConsumerConfig,
     ConsumerDoesNotExist,
     ConsumerInfo,
+    ConsumerNameConflict,
     ConsumerNotFound,
     DeliverPolicy,
     DiscardPolicy,
+    InvalidNameError,
     JetStream,
     JetStreamAPIError,
     JetStreamNotEnabled,
@@ -363,6 +367,193 @@ async def test_consumer_errors(nats_server):
             )
         assert refused.value.err_code == 10012  # "deliver policy can not be updated"
         assert (await js.consumer_info("S", "d")).config.deliver_policy is DeliverPolicy.NEW
+
+
+#: Names that cannot be a token of an API subject (or a directory on the server).
+BAD_NAMES = ("a.b", "a*", "a>", "a b", "", "a/b", "a\\b", "a\tb", "a\x00b", "a\x85b")
+
+
+def _name_calls() -> list[tuple[str, str, Callable[[JetStream, str], Awaitable[Any]]]]:
+    """(call, the argument that carries the bad name, how to make the call)."""
+
+    async def listed(js: JetStream, bad: str) -> None:
+        _ = [c async for c in js.consumers(bad)]
+
+    async def sub(js: JetStream, **kwargs: Any) -> None:
+        async with js.subscribe(**kwargs):
+            pass
+
+    async def pull_sub(js: JetStream, **kwargs: Any) -> None:
+        async with js.pull_subscribe(**kwargs):
+            pass
+
+    cfg = ConsumerConfig(durable_name="X")
+    return [
+        ("stream_info", "name", lambda js, bad: js.stream_info(bad)),
+        ("delete_stream", "name", lambda js, bad: js.delete_stream(bad)),
+        ("purge_stream", "name", lambda js, bad: js.purge_stream(bad)),
+        ("get_msg", "stream", lambda js, bad: js.get_msg(bad, 1)),
+        ("direct_get", "stream", lambda js, bad: js.direct_get(bad, 1)),
+        ("delete_msg", "stream", lambda js, bad: js.delete_msg(bad, 1)),
+        ("consumers", "stream", listed),
+        ("consumer_names", "stream", lambda js, bad: js.consumer_names(bad)),
+        ("consumer_info", "stream", lambda js, bad: js.consumer_info(bad, "C")),
+        ("consumer_info", "name", lambda js, bad: js.consumer_info("S", bad)),
+        ("delete_consumer", "stream", lambda js, bad: js.delete_consumer(bad, "C")),
+        ("delete_consumer", "name", lambda js, bad: js.delete_consumer("S", bad)),
+        ("pull_consumer", "stream", lambda js, bad: js.pull_consumer(bad, "C")),
+        ("pull_consumer", "name", lambda js, bad: js.pull_consumer("S", bad)),
+        ("create_consumer", "stream", lambda js, bad: js.create_consumer(bad, cfg)),
+        ("update_consumer", "stream", lambda js, bad: js.update_consumer(bad, cfg)),
+        ("create_or_update", "stream", lambda js, bad: js.create_or_update_consumer(bad, cfg)),
+        ("subscribe", "stream", lambda js, bad: sub(js, stream=bad)),
+        ("subscribe", "durable", lambda js, bad: sub(js, subject="s.a", durable=bad)),
+        ("subscribe", "bind", lambda js, bad: sub(js, subject="s.a", bind=bad)),
+        # A queue group without a durable names the durable (ADR-15).
+        ("subscribe", "queue", lambda js, bad: sub(js, subject="s.a", queue=bad)),
+        ("subscribe ordered", "stream", lambda js, bad: sub(js, stream=bad, ordered=True)),
+        ("pull_subscribe", "stream", lambda js, bad: pull_sub(js, stream=bad)),
+        ("pull_subscribe", "durable", lambda js, b: pull_sub(js, subject="s.a", durable=b)),
+        ("pull_subscribe", "bind", lambda js, bad: pull_sub(js, subject="s.a", bind=bad)),
+    ]
+
+
+async def test_bad_names_are_refused_before_anything_is_sent(nats_server):
+    """A stream or consumer name goes into the API subject. One with a '.', a wildcard or
+    whitespace, or an empty one, addressed another subject (or none) and the call waited out
+    the API timeout; now every call refuses it at once, naming the argument, and sends
+    nothing. (JetStream's timeout is 5 s here; each call gets half a second.)"""
+    for bad in BAD_NAMES:  # the configs refuse the same names, with the same error
+        with pytest.raises(InvalidNameError, match="argument 'name'"):
+            StreamConfig(name=bad)
+        with pytest.raises(InvalidNameError, match="argument 'durable_name'"):
+            ConsumerConfig(durable_name=bad)
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.*"], storage=MEM))
+        await js.create_consumer("S", ConsumerConfig(durable_name="C"))
+        await nc.flush()
+        wrong: list[str] = []
+        for call, argument, make in _name_calls():
+            for bad in BAD_NAMES:
+                sent = nc.stats.out_msgs
+                outcome = "timed out"
+                with trio.move_on_after(0.5):
+                    try:
+                        await make(js, bad)
+                        outcome = "no error"
+                    except InvalidNameError as exc:
+                        outcome = "ok" if exc.argument == argument else f"named {exc.argument!r}"
+                    except Exception as exc:
+                        outcome = repr(exc)
+                if outcome == "ok" and nc.stats.out_msgs != sent:
+                    outcome = "raised, but sent a request first"
+                if outcome != "ok":
+                    wrong.append(f"{call}({argument}={bad!r}): {outcome}")
+        assert not wrong, "\n".join(wrong)
+        assert await js.consumer_names("S") == ["C"]
+
+
+async def _refused_at_once(nc: Any, call: Awaitable[Any], error: type[Exception]) -> str:
+    """The message of the ``error`` that ``call`` raised, checking that it raised at once and
+    sent nothing."""
+    sent = nc.stats.out_msgs
+    with trio.fail_after(0.5), pytest.raises(error) as caught:
+        await call
+    assert nc.stats.out_msgs == sent, "the call sent a request before refusing"
+    return str(caught.value)
+
+
+async def _subscribed(js: JetStream, pull: bool, *args: Any, **kwargs: Any) -> None:
+    subscribe = js.pull_subscribe if pull else js.subscribe
+    async with subscribe(*args, **kwargs):
+        pass
+
+
+async def test_two_names_for_one_consumer_are_refused(nats_server):
+    """``ConsumerConfig(name="a", durable_name="b")`` created ``b`` without a word about
+    ``a``, and a subscribe call whose ``durable=`` or ``bind=`` contradicted the config's
+    name looked one up and created the other. Each is refused before anything is sent, the
+    error naming both."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.*"], storage=MEM))
+        await nc.flush()
+        both = ConsumerConfig(name="a", durable_name="b")
+        for call in (
+            js.create_consumer("S", both),
+            js.update_consumer("S", both),
+            js.create_or_update_consumer("S", both),
+        ):
+            message = await _refused_at_once(nc, call, ConsumerNameConflict)
+            assert "config.name='a'" in message and "config.durable_name='b'" in message
+        for pull in (True, False):
+            for kwargs in (
+                {"durable": "b", "config": ConsumerConfig(durable_name="a")},
+                {"durable": "b", "config": ConsumerConfig(name="a")},
+                {"bind": "b", "config": ConsumerConfig(durable_name="a")},
+                {"bind": "b", "config": ConsumerConfig(name="a")},
+                {"bind": "b", "durable": "a"},
+                {"config": both},
+            ):
+                call = _subscribed(js, pull, "s.a", **kwargs)
+                message = await _refused_at_once(nc, call, ConsumerNameConflict)
+                assert "'a'" in message and "'b'" in message, message
+        assert await js.consumer_names("S") == []
+
+
+async def test_a_durable_argument_agreeing_with_the_config_name_makes_a_durable(nats_server):
+    """``pull_subscribe(durable="p", config=ConsumerConfig(name="p"))`` asked for a durable but
+    made a consumer with a name only, which the server removes once it is inactive."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.*"], storage=MEM))
+        async with js.pull_subscribe("s.a", durable="p", config=ConsumerConfig(name="p")) as sub:
+            assert sub.consumer.cached_info is not None
+            assert sub.consumer.cached_info.config.durable_name == "p"
+        assert (await js.consumer_info("S", "p")).config.durable_name == "p"
+
+
+async def test_a_config_filter_contradicting_the_subject_is_refused(nats_server):
+    """The library filters the consumer on the subscribed subject (ADR-15). A config filter
+    for another subject made a consumer on that subject and handed its messages to the
+    subscription to this one, and the same call a second time refused its own consumer. It is
+    refused up front, naming both; a filter equal to the subject is fine, twice."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.*"], storage=MEM))
+        await nc.flush()
+        for pull in (True, False):
+            for config in (
+                ConsumerConfig(filter_subject="s.other"),
+                ConsumerConfig(filter_subjects=["s.other"]),
+                ConsumerConfig(filter_subjects=["s.a", "s.other"]),
+            ):
+                for durable in ("p", None):
+                    call = _subscribed(js, pull, "s.a", durable=durable, config=config)
+                    message = await _refused_at_once(nc, call, SubscribeError)
+                    assert "'s.a'" in message and "s.other" in message, message
+        call = js.subscribe("s.a", ordered=True, config=ConsumerConfig(filter_subject="s.other"))
+        message = await _refused_at_once(nc, _entered(call), SubscribeError)
+        assert "'s.a'" in message and "s.other" in message, message
+        assert await js.consumer_names("S") == []
+
+        await js.publish("s.other", b"not for s.a")
+        await js.publish("s.a", b"for s.a")
+        same = (ConsumerConfig(filter_subject="s.a"), ConsumerConfig(filter_subjects=["s.a"]))
+        for config in same:
+            async with js.pull_subscribe("s.a", durable="p", config=config) as sub:
+                assert sub.created
+                (msg,) = await sub.fetch(1, expires=5)
+                assert (msg.subject, msg.data) == ("s.a", b"for s.a")
+            async with js.pull_subscribe("s.a", durable="p", config=config) as sub:
+                assert not sub.created  # bound to the consumer the first call made
+            await js.delete_consumer("S", "p")
+
+
+async def _entered(manager: Any) -> None:
+    async with manager:
+        pass
 
 
 async def test_natspy_made_consumer_reads_back(nats_server, natspy):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from headrace.errors import InvalidHeaderError, ProtocolError
 from headrace.protocol import Headers, encode_header_block, parse_header_block
-from headrace.protocol.headers import parse_status_line
+from headrace.protocol.headers import parse_status_line, read_header_block
 from hypothesis import HealthCheck, given, settings
 
 from ._strategies import HEADER_NAME_CHARS, descriptions, grouped, header_pairs, statuses
@@ -256,6 +257,44 @@ def test_parse_keeps_inner_whitespace_and_unicode() -> None:
 def test_parse_bad_block(block: bytes) -> None:
     with pytest.raises(InvalidHeaderError):
         parse_header_block(block)
+
+
+@pytest.mark.parametrize(
+    ("block", "headers", "status", "problems"),
+    [
+        (b"NATS/1.0\r\nA: 1\r\n", {"A": "1"}, None, ["does not end with an empty line"]),
+        (b"NATS/1.0\r\nA: 1\r\n\r", {"A": "1"}, None, ["does not end", "without a colon"]),
+        (b"XATS/1.0\r\nA: 1\r\n\r\n", {"A": "1"}, None, ["does not start with NATS/1.0"]),
+        (b"NATS/1.0 50x\r\nA: 1\r\n\r\n", {"A": "1"}, None, ["malformed status code"]),
+        (b"NATS/1.0 503\r\n\xff\xfe: x\r\nA: 1\r\n\r\n", {"A": "1"}, 503, ["not valid text"]),
+        (b"NATS/1.0\r\nA: \xff\r\nB: 2\r\n\r\n", {"B": "2"}, None, ["not valid text"]),
+        (b"NATS/1.0\r\n\r\nA: 1\r\n\r\n", {"A": "1"}, None, ["empty line inside"]),
+        (b"NATS/1.0\r\nA B: 1\r\nA: 2\r\n\r\n", {"A": "2"}, None, ["invalid header name"]),
+        (b"NATS/1.0\r\nA: 1\rB: 2\r\nC: 3\r\n\r\n", {"C": "3"}, None, ["contains CR or LF"]),
+        (b"", {}, None, ["does not end", "does not start"]),
+    ],
+)
+def test_read_leaves_out_what_it_cannot_read(
+    block: bytes, headers: dict[str, str], status: int | None, problems: list[str]
+) -> None:
+    """A received block is read as far as it can be: each unreadable part is left out and
+    described; the strict parser refuses the same block with the first of them."""
+    got_headers, got_status, _, got_problems = read_header_block(block)
+    assert (got_headers, got_status) == (Headers(headers), status)
+    assert len(got_problems) == len(problems)
+    for problem, fragment in zip(got_problems, problems, strict=True):
+        assert fragment in problem
+    with pytest.raises(InvalidHeaderError, match=re.escape(got_problems[0])):
+        parse_header_block(block)
+
+
+@PROPERTY
+@given(header_pairs, statuses, descriptions)
+def test_read_agrees_with_parse_on_good_blocks(
+    pairs: list[tuple[str, str]], status: int | None, description: str
+) -> None:
+    block = encode_header_block(Headers(pairs), status, description)
+    assert read_header_block(block) == (*parse_header_block(block), [])
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from headrace.jetstream.codec import DURATION, DURATIONS, TIME, jfield
+from headrace.jetstream.names import check_consumer
 from headrace.jetstream.stream_config import ClusterInfo
 
 
@@ -39,11 +40,8 @@ class ReplayPolicy(enum.StrEnum):
 
 
 def _check_consumer_name(_inst: object, attr: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and (not value or any(c in value for c in " \t\r\n.*>/\\")):
-        raise ValueError(
-            f"invalid {attr.name} {value!r}: it must be non-empty, without spaces, '.', '*', "
-            "'>', or path separators"
-        )
+    if value is not None:
+        check_consumer(attr.name, value)
 
 
 @attrs.define(kw_only=True)

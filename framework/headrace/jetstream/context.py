@@ -31,12 +31,13 @@ from headrace.jetstream.errors import (
     api_error,
 )
 from headrace.jetstream.lifecycle import DeletePolicy
+from headrace.jetstream.names import agreed_name, check_consumer, check_stream
 from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.stored_message import StoredMessage
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
 from headrace.nats.connection import Connection
 from headrace.protocol.commands import check_subject
-from headrace.protocol.headers import Headers
+from headrace.protocol.headers import Headers, read_header_block
 
 if TYPE_CHECKING:
     from headrace.jetstream.pull_consumer import PullConsumer
@@ -127,10 +128,12 @@ class JetStream:
         return from_json(StreamInfo, answer)
 
     async def stream_info(self, name: str, *, subjects_filter: str | None = None) -> StreamInfo:
+        check_stream("name", name)
         body = {"subjects_filter": subjects_filter} if subjects_filter else None
         return from_json(StreamInfo, await self.api_request(f"STREAM.INFO.{name}", body))
 
     async def delete_stream(self, name: str) -> None:
+        check_stream("name", name)
         await self.api_request(f"STREAM.DELETE.{name}")
 
     async def purge_stream(
@@ -143,6 +146,7 @@ class JetStream:
     ) -> int:
         """Remove messages (all, or those of ``subject``, below ``seq``, or all but ``keep``);
         return how many were removed."""
+        check_stream("name", name)
         if seq is not None and keep is not None:
             raise ValueError("give seq or keep, not both")
         body = {k: v for k, v in (("filter", subject), ("seq", seq), ("keep", keep)) if v}
@@ -190,7 +194,8 @@ class JetStream:
     async def _upsert_consumer(
         self, stream: str, config: ConsumerConfig, action: str
     ) -> ConsumerInfo:
-        name = config.consumer_name
+        check_stream("stream", stream)
+        name = agreed_name({"config.name": config.name, "config.durable_name": config.durable_name})
         suffix = f"CONSUMER.CREATE.{stream}" + (f".{name}" if name else "")
         body: dict[str, Any] = {"stream_name": stream, "config": to_json(config)}
         if action:
@@ -211,12 +216,16 @@ class JetStream:
         return await self._upsert_consumer(stream, config, "")
 
     async def consumer_info(self, stream: str, name: str) -> ConsumerInfo:
+        check_stream("stream", stream)
+        check_consumer("name", name)
         return from_json(ConsumerInfo, await self.api_request(f"CONSUMER.INFO.{stream}.{name}"))
 
     async def pull_consumer(self, stream: str, name: str) -> PullConsumer:
         """A handle on the existing pull consumer ``stream``/``name`` (ADR-37 getConsumer)."""
         from headrace.jetstream.pull_consumer import PullConsumer
 
+        check_stream("stream", stream)
+        check_consumer("name", name)
         return PullConsumer(self, stream, name, await self.consumer_info(stream, name))
 
     # -- subscriptions (ADR-15 workflow) ------------------------------------------------------
@@ -317,13 +326,17 @@ class JetStream:
             yield sub
 
     async def delete_consumer(self, stream: str, name: str) -> None:
+        check_stream("stream", stream)
+        check_consumer("name", name)
         await self.api_request(f"CONSUMER.DELETE.{stream}.{name}")
 
     async def consumers(self, stream: str) -> AsyncIterator[ConsumerInfo]:
+        check_stream("stream", stream)
         async for item in self._paged(f"CONSUMER.LIST.{stream}", "consumers", {}):
             yield from_json(ConsumerInfo, item)
 
     async def consumer_names(self, stream: str) -> list[str]:
+        check_stream("stream", stream)
         return [str(n) async for n in self._paged(f"CONSUMER.NAMES.{stream}", "consumers", {})]
 
     # -- publishing ---------------------------------------------------------------------------
@@ -397,6 +410,7 @@ class JetStream:
     ) -> StoredMessage:
         """A message by sequence, the last of a subject, or the next of a subject from ``seq``,
         through the stream leader (``STREAM.MSG.GET``)."""
+        check_stream("stream", stream)
         body = _get_body(seq, last_by_subject, next_by_subject)
         answer = await self.api_request(f"STREAM.MSG.GET.{stream}", body)
         raw = answer.get("message")
@@ -425,6 +439,7 @@ class JetStream:
 
         The last message of a subject uses the subject-appended form, which needs no body.
         """
+        check_stream("stream", stream)
         if last_by_subject is not None and seq is None and next_by_subject is None:
             check_subject(last_by_subject)
             subject, data = self.api_subject(f"DIRECT.GET.{stream}.{last_by_subject}"), b""
@@ -441,19 +456,24 @@ class JetStream:
                 f"no Direct Get responder for stream {stream!r}: does it exist, with "
                 "allow_direct set?"
             ) from exc
-        status = msg.status
+        if msg.raw_headers is None:
+            raise DecodeError("a Direct Get answer had no Nats-Sequence header")
+        # The answer's block is the stored message's own with the server's appended, and the
+        # stored part is whatever its publisher sent: read it leniently, and leave reporting
+        # what could not be read to the StoredMessage (once, naming the stored message, not
+        # this answer's inbox).
+        hdrs, status, description, _ = read_header_block(msg.raw_headers)
         if status == 404:
-            raise MessageNotFound(404, 10037, msg.description or "message not found")
+            raise MessageNotFound(404, 10037, description or "message not found")
         if status is not None:
-            raise api_error({"code": status, "err_code": 0, "description": msg.description})
-        hdrs = msg.headers
-        if hdrs is None or "Nats-Sequence" not in hdrs:
+            raise api_error({"code": status, "err_code": 0, "description": description})
+        if "Nats-Sequence" not in hdrs:
             raise DecodeError("a Direct Get answer had no Nats-Sequence header")
 
         def last(name: str, default: str) -> str:
             # The server appends its headers after the stored message's own, which may carry
             # the same names (a republished message does): the last value is the server's.
-            values = hdrs.get_all(name) if hdrs is not None else []
+            values = hdrs.get_all(name)
             return values[-1] if values else default
 
         try:
@@ -471,6 +491,7 @@ class JetStream:
 
     async def delete_msg(self, stream: str, seq: int, *, erase: bool = False) -> None:
         """Delete one message; ``erase`` overwrites its storage too."""
+        check_stream("stream", stream)
         body = {"seq": seq, "no_erase": not erase}
         await self.api_request(f"STREAM.MSG.DELETE.{stream}", body)
 

@@ -143,6 +143,35 @@ class NotAJetStreamMessage(JetStreamError):
     """Acking a message that did not come from a JetStream consumer (no ``$JS.ACK`` reply)."""
 
 
+class InvalidNameError(JetStreamError, ValueError):
+    """A stream or consumer name that cannot be used: it is empty, or has whitespace, ``.``,
+    ``*``, ``>``, a path separator or a control character.
+
+    Names are part of API subjects (``$JS.API.STREAM.INFO.<stream>``), so such a name would
+    address another subject, or none, and the call would wait out its timeout; it is refused
+    before anything is sent. ``argument`` names the argument that carried it.
+    """
+
+    def __init__(self, kind: str, argument: str, name: object) -> None:
+        super().__init__(
+            f"invalid {kind} name {name!r} (argument {argument!r}): a {kind} name must be "
+            "non-empty, without whitespace, '.', '*', '>', path separators or control characters"
+        )
+        self.kind = kind
+        self.argument = argument
+        self.name = name
+
+
+class ConsumerNameConflict(JetStreamError, ValueError):
+    """Two names given for one consumer disagree: ``name`` and ``durable_name`` of a
+    ``ConsumerConfig``, or a subscribe call's ``durable=`` / ``bind=`` and the config's names.
+
+    Only one can be meant. A create put ``durable_name`` into the API subject and made that
+    consumer without a word about ``name``; a subscription looked one up and created another.
+    The call is refused before anything is sent.
+    """
+
+
 class SubscribeError(JetStreamError, ValueError):
     """A subscription request that breaks a rule of ADR-15's subscribe workflow; the message
     says which and what to do instead."""
@@ -181,3 +210,42 @@ class ConsumerDeleted(PullStatusError):
 
 class ConsumerIsPushBased(PullStatusError):
     """409 Consumer is push based: pull requests were sent to a push consumer."""
+
+
+class MessageTooLarge(PullStatusError):
+    """409 Message Size Exceeds MaxBytes to a request that asked for the whole ``max_bytes``:
+    the consumer's next message is larger than a pull may ever take, so pulling again would be
+    refused the same way at once, for ever. ``stream``, ``consumer`` and ``max_bytes`` say
+    which limit; raise it (or pull by message count) to get the message."""
+
+    def __init__(self, description: str, stream: str, consumer: str, max_bytes: int) -> None:
+        super().__init__(
+            409,
+            description,
+            f"the next message of consumer {consumer!r} on stream {stream!r} is larger than "
+            f"max_bytes ({max_bytes} bytes, counting subject, reply, headers and payload): it "
+            "can never be pulled with that limit; raise max_bytes or pull by max_messages",
+        )
+        self.stream = stream
+        self.consumer = consumer
+        self.max_bytes = max_bytes
+
+
+class AckRefused(JetStreamError):
+    """The server refuses this connection's acks for a consumer: publishing to its ``$JS.ACK``
+    subjects is a permissions violation. Nothing acked would ever count, so every message would
+    come back after ack_wait, for ever. ``subject`` is the refused ack subject; the
+    :class:`~headrace.errors.PermissionViolation` is the ``__cause__``.
+    """
+
+    restartable = False  # a restart would be refused the same way
+
+    def __init__(self, stream: str, consumer: str, subject: str) -> None:
+        super().__init__(
+            f"the server refuses acks for consumer {consumer!r} on stream {stream!r} "
+            f"(permissions violation for publish to {subject!r}): allow this user to publish "
+            f"to '$JS.ACK.{stream}.{consumer}.>'"
+        )
+        self.stream = stream
+        self.consumer = consumer
+        self.subject = subject

@@ -41,7 +41,9 @@ from headrace.jetstream.errors import (
 from headrace.jetstream.events import ConsumerRecreated, HeartbeatsMissed
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.message import JsMsg
+from headrace.jetstream.names import check_stream
 from headrace.jetstream.push import ACK_PREFIX, Inlet, PushSubscription
+from headrace.jetstream.subscribe import check_filter
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
@@ -133,8 +135,11 @@ class OrderedSubscription(PushSubscription):
         config: ConsumerConfig,
         heartbeat_factor: float,
     ) -> OrderedSubscription:
+        if stream is not None:
+            check_stream("stream", stream)
         if not subject and not stream:
             raise SubscribeError("give a subject or a stream name")
+        check_filter(subject, config)
         cfg = ordered_config(config)
         stream = stream or await js.find_stream(subject or "")
         inlet = Inlet()

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from headrace.jetstream.codec import DURATION, TIME, jfield
+from headrace.jetstream.names import check_stream
 
 
 class RetentionPolicy(enum.StrEnum):
@@ -36,12 +37,8 @@ class Compression(enum.StrEnum):
     S2 = "s2"
 
 
-def _check_stream_name(_inst: object, _attr: attrs.Attribute[Any], value: str) -> None:
-    if not value or any(c in value for c in " \t\r\n.*>/\\"):
-        raise ValueError(
-            f"invalid stream name {value!r}: it must be non-empty, without spaces, '.', '*', "
-            "'>', or path separators"
-        )
+def _check_stream_name(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
+    check_stream(attr.name, value)
 
 
 @attrs.define(kw_only=True)

@@ -1,12 +1,18 @@
 """ADR-15's subscribe workflow: from a subscribe call to a bound or created consumer.
 
 The rules, in the order they are checked, each a :class:`SubscribeError` (or one of its
-subclasses) whose message says what to do:
+subclasses, or the name errors of rule 0) whose message says what to do:
 
+0. every name must be usable in an API subject (:class:`InvalidNameError`), and the names of the
+   consumer (``bind=``, ``durable=``, the config's ``durable_name`` and ``name``, and a queue
+   group standing in for a durable) must agree (:class:`ConsumerNameConflict`): otherwise one
+   would be looked up and another created;
 1. a queue group with heartbeats or flow control in the config: the server would send those to
    random members;
 2. neither a subject nor a stream: nothing to find the stream with;
-3. a pull subscription with ack policy ``none`` or ``all``;
+3. a pull subscription with ack policy ``none`` or ``all``; a config whose ``filter_subject``
+   or ``filter_subjects`` contradicts the subject (the library filters the consumer on the
+   subject; the messages of another filter would reach a subscription to this subject);
 4. no stream given: the one stream capturing the subject (:class:`StreamLookupError` for none or
    several);
 5. a consumer name given: look it up. A missing bound consumer (``bind=``) is an error, except
@@ -36,6 +42,8 @@ from headrace.jetstream.errors import (
     ConsumerNotFound,
     SubscribeError,
 )
+from headrace.jetstream.lifecycle import settled_push_bound
+from headrace.jetstream.names import agreed_name, check_consumer, check_stream
 from headrace.jetstream.push import Inlet
 
 if TYPE_CHECKING:
@@ -47,6 +55,48 @@ if TYPE_CHECKING:
 _NOT_DRIFT = {"name", "durable_name", "deliver_subject"}
 
 
+def check_names(
+    stream: str | None,
+    durable: str | None,
+    bind: str | None,
+    config: ConsumerConfig,
+) -> str | None:
+    """Rule 0: the names are valid and agree; the consumer's name, if one is given."""
+    if stream is not None:
+        check_stream("stream", stream)
+    if durable is not None:
+        check_consumer("durable", durable)
+    if bind is not None:
+        check_consumer("bind", bind)
+    return agreed_name(
+        {
+            "bind": bind,
+            "durable": durable,
+            "config.durable_name": config.durable_name,
+            "config.name": config.name,
+        }
+    )
+
+
+def check_filter(subject: str | None, config: ConsumerConfig) -> None:
+    """Rule 3, second part: the library filters the consumer on the subscribed subject, so a
+    config filter other than that subject contradicts it (ADR-15)."""
+    if not subject:
+        return
+    if config.filter_subject is not None and config.filter_subject != subject:
+        raise SubscribeError(
+            f"the subscription is to {subject!r} but its config filters "
+            f"{config.filter_subject!r}: the consumer is filtered on the subscribed subject, "
+            "so leave filter_subject out (or subscribe to that subject)"
+        )
+    if config.filter_subjects is not None and config.filter_subjects != [subject]:
+        raise SubscribeError(
+            f"the subscription is to {subject!r} but its config filters "
+            f"{config.filter_subjects!r}: to consume several subjects, subscribe without a "
+            "subject (give the stream) and keep filter_subjects"
+        )
+
+
 def check_request(
     subject: str | None,
     stream: str | None,
@@ -54,8 +104,15 @@ def check_request(
     config: ConsumerConfig,
     *,
     pull: bool,
-) -> None:
-    """Rules 1-3: mistakes visible before asking the server anything."""
+    durable: str | None = None,
+    bind: str | None = None,
+) -> str | None:
+    """Rules 0-3: mistakes visible before asking the server anything. Returns the name of
+    the consumer to look up (the queue group's, for a push queue subscription naming none)."""
+    name = check_names(stream, durable, bind, config)
+    if name is None and queue is not None and not pull:
+        # ADR-15: the queue group names the durable, so it must be a valid consumer name.
+        name = check_consumer("queue", queue)
     if queue is not None and not pull:
         if config.idle_heartbeat:
             raise SubscribeError(
@@ -76,6 +133,8 @@ def check_request(
             f"pull subscriptions need ack policy 'explicit', not {config.ack_policy.value!r}: "
             "pull consumers deliver to whoever asks, so each message must be acked on its own"
         )
+    check_filter(subject, config)
+    return name
 
 
 def check_existing(
@@ -188,11 +247,15 @@ async def bind_push(
     queue: str | None,
     config: ConsumerConfig,
 ) -> Bound:
-    """Rules 1-9 for a push subscription."""
-    check_request(subject, stream, queue, config, pull=False)
+    """Rules 0-9 for a push subscription."""
+    name = check_request(subject, stream, queue, config, pull=False, durable=durable, bind=bind)
     stream = stream or await js.find_stream(subject or "")
-    name = bind or durable or config.durable_name or config.name or queue
     info = await _lookup(js, stream, name)
+    if info is not None and info.push_bound and queue is None and not info.config.deliver_group:
+        # Maybe only the subscription before this one, still being forgotten by the server:
+        # believed once it stays bound (else re-subscribing right after an unsubscribe failed
+        # as a duplicate subscription about one time in thirty).
+        info = await settled_push_bound(js, stream, info.name)
     if info is None and bind:
         raise ConsumerNotFound(
             404,
@@ -251,17 +314,17 @@ async def bind_pull(
     bind: str | None,
     config: ConsumerConfig,
 ) -> Bound:
-    """Rules 1-7 and 9 for a pull subscription (a missing named consumer is created)."""
-    check_request(subject, stream, None, config, pull=True)
+    """Rules 0-7 and 9 for a pull subscription (a missing named consumer is created)."""
+    name = check_request(subject, stream, None, config, pull=True, durable=durable, bind=bind)
     stream = stream or await js.find_stream(subject or "")
-    name = bind or durable or config.durable_name or config.name
     info = await _lookup(js, stream, name)
     if info is not None:
         check_existing(info, subject=subject, queue=None, config=config, pull=True)
         return Bound(stream, info, False)
     wanted = attrs.evolve(
         config,
-        durable_name=name if name and not config.name else config.durable_name,
+        # A durable unless only the config's name was given (a named ephemeral).
+        durable_name=durable or config.durable_name or (name if not config.name else None),
         filter_subject=config.filter_subject
         or (subject if subject and not config.filter_subjects else None),
         ack_policy=config.ack_policy or AckPolicy.EXPLICIT,

@@ -16,7 +16,12 @@ from headrace.protocol.commands import (
     encode_unsub,
 )
 from headrace.protocol.events import Err, Event, Info, Msg, Ok, Ping, Pong, ServerInfo
-from headrace.protocol.headers import Headers, encode_header_block, parse_header_block
+from headrace.protocol.headers import (
+    Headers,
+    encode_header_block,
+    parse_header_block,
+    read_header_block,
+)
 from headrace.protocol.parser import ProtocolParser
 
 __all__ = [
@@ -41,4 +46,5 @@ __all__ = [
     "encode_sub",
     "encode_unsub",
     "parse_header_block",
+    "read_header_block",
 ]

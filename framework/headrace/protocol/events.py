@@ -11,8 +11,14 @@ from typing import Any
 
 import attrs
 
-from headrace.errors import ProtocolError
-from headrace.protocol.headers import Headers, parse_header_block, parse_status_line
+from headrace.errors import InvalidHeaderError, ProtocolError
+from headrace.protocol.headers import (
+    VERSION_LINE,
+    Headers,
+    parse_status_line,
+    read_header_block,
+    warn_malformed,
+)
 
 _UNPARSED: Any = object()
 
@@ -22,8 +28,10 @@ class Msg:
     """A message delivered by ``MSG`` or ``HMSG``.
 
     ``raw_headers`` is the header block as received (``None`` for ``MSG``). ``headers``,
-    ``status`` and ``description`` are derived from it on first access; a malformed block raises
-    :class:`~headrace.errors.InvalidHeaderError` there.
+    ``status`` and ``description`` are derived from it on first access. Whatever of a malformed
+    block cannot be read is left out and reported there, once per message, as a
+    :class:`~headrace.errors.MalformedHeaderWarning` (a publisher's bad header must not make
+    its message, or the subscription, unreadable).
     """
 
     subject: str
@@ -40,7 +48,10 @@ class Msg:
         if raw is None:
             self._headers, self._status = None, None
             return
-        self._headers, self._status, self._description = parse_header_block(raw)
+        headers, status, description, problems = read_header_block(raw)
+        self._headers, self._status, self._description = headers, status, description
+        if problems:
+            warn_malformed(f"a message on {self.subject!r}", problems)
 
     @property
     def headers(self) -> Headers | None:
@@ -61,7 +72,14 @@ class Msg:
                 self._status = None
             else:
                 end = raw.find(b"\r\n")
-                self._status, self._description = parse_status_line(raw[:end])
+                line = raw[:end] if end >= 0 else raw
+                if line == VERSION_LINE:
+                    self._status = None
+                else:
+                    try:
+                        self._status, self._description = parse_status_line(line)
+                    except InvalidHeaderError:
+                        self._parse()  # reads what it can, and reports the block once
         return self._status  # type: ignore[no-any-return]
 
     @property

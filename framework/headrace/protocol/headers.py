@@ -11,14 +11,21 @@ The version line may carry a status code and a description; the server uses it f
 responders (503), pull statuses (404, 408, 409) and idle heartbeats / flow control (100).
 Keys are case-sensitive and may repeat; order is kept. Values are trimmed of surrounding spaces
 and tabs, as the servers and the other clients do.
+
+Writing is strict, reading is not. Headers built here are checked as they are added, so
+headrace never sends a block another client cannot read. A received block is read with
+:func:`read_header_block`: the server relays and stores whatever a publisher sent, so an
+unreadable line is left out and reported (:class:`~headrace.errors.MalformedHeaderWarning`)
+instead of making the whole message, or every reader of a stream, fail.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 
-from headrace.errors import InvalidHeaderError
+from headrace.errors import InvalidHeaderError, MalformedHeaderWarning
 
 VERSION_LINE = b"NATS/1.0"
 
@@ -183,40 +190,84 @@ def parse_status_line(line: bytes) -> tuple[int | None, str]:
 
 
 def parse_header_block(block: bytes) -> tuple[Headers, int | None, str]:
-    """Parse a complete header block into (headers, status, description).
+    """Parse a complete header block into (headers, status, description), strictly.
 
     The block must start with ``NATS/1.0`` and end with an empty line; a line without a colon,
-    an invalid name, or trailing garbage raises :class:`InvalidHeaderError`.
+    an invalid name, or trailing garbage raises :class:`InvalidHeaderError`. Received messages
+    use :func:`read_header_block` instead, which keeps what it can read.
     """
-    if not block.endswith(b"\r\n\r\n"):
-        raise InvalidHeaderError("header block does not end with an empty line")
-    lines = block[:-4].split(b"\r\n")
-    if lines[0] == VERSION_LINE:  # the common case: no status
-        status, description = None, ""
+    headers, status, description, problems = read_header_block(block)
+    if problems:
+        raise InvalidHeaderError(problems[0])
+    return headers, status, description
+
+
+def read_header_block(block: bytes) -> tuple[Headers, int | None, str, list[str]]:
+    """Read what can be read of a header block: (headers, status, description, problems).
+
+    Never raises. A received block comes from whoever published the message, and the server
+    relays it (and a stream stores it) without checking, so one unreadable line must not make
+    the rest, or the message, unreadable. A line that cannot be read is left out and described
+    in ``problems``; so is a version line that is not ``NATS/1.0`` with an optional status
+    (the status is then ``None``), and a missing blank line at the end.
+    """
+    problems: list[str] = []
+    if block.endswith(b"\r\n\r\n"):
+        body = block[:-4]
     else:
-        status, description = parse_status_line(lines[0])
+        problems.append(f"header block does not end with an empty line: {block[-20:]!r}")
+        body = block[:-2] if block.endswith(b"\r\n") else block
+    lines = body.split(b"\r\n")
+    first = lines[0]
+    status: int | None = None
+    description = ""
+    if first != VERSION_LINE:  # the common case has no status
+        try:
+            status, description = parse_status_line(first)
+        except InvalidHeaderError as exc:
+            problems.append(str(exc))
     headers = Headers()
     hmap = headers._map
     known = _VALID_NAMES
     for line in lines[1:]:
         name_b, colon, value_b = line.partition(b":")
         if not colon:
-            raise InvalidHeaderError(f"header line without a colon: {line[:60]!r}")
+            problems.append(
+                f"header line without a colon: {line[:60]!r}"
+                if line
+                else "empty line inside the header block"
+            )
+            continue
         try:
             name = name_b.decode("ascii")
             value = value_b.strip(b" \t").decode()
-        except UnicodeDecodeError as exc:
-            raise InvalidHeaderError(f"header line is not valid text: {line[:60]!r}") from exc
+        except UnicodeDecodeError:
+            problems.append(f"header line is not valid text: {line[:60]!r}")
+            continue
         if name not in known:
             if not _NAME_RE.fullmatch(name):
-                raise InvalidHeaderError(f"invalid header name {name!r}")
+                problems.append(f"invalid header name {name!r}")
+                continue
             if len(known) < _VALID_NAMES_MAX:
                 known.add(name)
         if "\r" in value or "\n" in value:
-            raise InvalidHeaderError(f"header {name!r} value contains CR or LF")
+            problems.append(f"header {name!r} value contains CR or LF")
+            continue
         values = hmap.get(name)
         if values is None:
             hmap[name] = [value]
         else:
             values.append(value)
-    return headers, status, description
+    return headers, status, description, problems
+
+
+def warn_malformed(what: str, problems: list[str]) -> None:
+    """Report the ``problems`` :func:`read_header_block` found in the header block of
+    ``what`` (a message, described for a person) as one :class:`MalformedHeaderWarning`."""
+    warnings.warn(
+        MalformedHeaderWarning(
+            f"the header block of {what} is malformed; what could not be read was left out: "
+            + "; ".join(problems)
+        ),
+        stacklevel=2,
+    )

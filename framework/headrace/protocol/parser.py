@@ -12,9 +12,14 @@ Work is per batch, not per byte: a control line is found with one ``bytes.find``
 chunks are kept in a list and joined once, so a message spread over many reads costs one copy,
 not a copy per read.
 
-A malformed frame raises :class:`~headrace.errors.ProtocolError`. The events that were complete
-before the bad frame are attached to the exception as ``events`` so that nothing valid is lost;
-after an error the parser stays failed (the connection must be re-established anyway).
+A malformed frame raises :class:`~headrace.errors.ProtocolError`. The events that were
+complete before the bad frame are attached to the exception as ``events`` so that nothing valid
+is lost; after an error the parser stays failed (the connection must be re-established anyway).
+
+What a header block holds is not framing (its size is): the server relays whatever a publisher
+sent, and a stream stores it, so the block is kept as received and read leniently when the
+message's headers are (see :class:`~headrace.protocol.events.Msg`). Refusing it here would drop
+the connection and lose the message, and a consumer would get it again after the reconnect.
 """
 
 from __future__ import annotations
@@ -28,8 +33,6 @@ from headrace.protocol.events import OK, PING, PONG, Err, Event, Info, Msg, Serv
 DEFAULT_MAX_CONTROL_LINE = 4096
 #: The largest payload nats-server can be configured to allow (64 MiB).
 DEFAULT_MAX_INBOUND_PAYLOAD = 64 * 1024 * 1024
-
-_HDR_MIN = len(b"NATS/1.0\r\n\r\n")
 
 _MSG, _HMSG, _PING, _PONG, _OK, _ERR, _INFO = range(7)
 
@@ -177,13 +180,7 @@ class ProtocolParser:
                         start = eol + 2
                         end = start + size
                         hend = start + hdr
-                        if (
-                            size <= max_payload
-                            and _HDR_MIN <= hdr <= size
-                            and buf.startswith(b"\r\n", end)
-                            and buf.startswith(b"NATS/1.0", start)
-                            and buf.startswith(b"\r\n\r\n", hend - 4)
-                        ):
+                        if size <= max_payload and 0 < hdr <= size and buf.startswith(b"\r\n", end):
                             append(
                                 Msg(
                                     subject.decode(),
@@ -232,10 +229,8 @@ class ProtocolParser:
                 size = int(size_b)
                 if size > max_payload:
                     raise ProtocolError(f"message of {size} bytes exceeds the {max_payload} limit")
-                if kind == _HMSG and not _HDR_MIN <= hdr <= size:
-                    raise ProtocolError(
-                        f"HMSG header size {hdr} must be between {_HDR_MIN} and the total {size}"
-                    )
+                if hdr > size:
+                    raise ProtocolError(f"HMSG header size {hdr} exceeds the total {size}")
                 start = eol + 2
                 end = start + size
                 if end + 2 > n:
@@ -247,14 +242,6 @@ class ProtocolParser:
                     )
                 if hdr:
                     hend = start + hdr
-                    if (
-                        not buf.startswith(b"NATS/1.0", start)
-                        or buf[hend - 4 : hend] != b"\r\n\r\n"
-                    ):
-                        raise ProtocolError(
-                            "HMSG header block is not a NATS/1.0 block: "
-                            f"{buf[start : start + 32]!r}"
-                        )
                     append(Msg(subject.decode(), int(sid), reply, buf[hend:end], buf[start:hend]))
                 else:
                     append(Msg(subject.decode(), int(sid), reply, buf[start:end]))
