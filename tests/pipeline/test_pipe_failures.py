@@ -324,6 +324,51 @@ async def test_rejected_records_fail_alone_and_the_rest_is_acked(nats_server, pe
     assert info.num_redelivered == 0
 
 
+class HalfPickySink(MemorySink):
+    """Each message becomes two records, "a" and "b"; the sink rejects the "b" of payload b"2"
+    and, like every real sink, skips messages it has committed records of (by sequence)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed: set[int] = set()
+
+    async def write_batch(self, batch: Any) -> None:
+        fresh = [r for r in batch if r.stream_seq not in self.committed]
+        bad = [r for r in fresh if (r.value, r.data) == ("b", b"2")]
+        rejected = [(r, ValueError("no b for 2")) for r in bad]
+        good = [r for r in fresh if r not in bad]
+        self.records.extend(good)
+        self.committed.update(r.stream_seq for r in good)
+        if rejected:
+            raise RecordsRejected(rejected)
+
+
+async def test_a_message_committed_in_part_and_rejected_in_part_is_poison_at_once(
+    nats_server, peer
+):
+    """Delivered again, its committed record would make the sink skip it, and the rejected one
+    would be acked unwritten: it goes to the dead letter on its first delivery instead."""
+    await add_stream(peer, "DLQ", ["dlq.>"])
+    await publish(peer, 4)  # payloads b"0" .. b"3"
+    sink = HalfPickySink()
+    pipe = fast_pipeline("half", dead_letter="dlq.half")
+    pipe.source(source()).flat_map(lambda _value: ["a", "b"]).sink(
+        sink, batch=BatchPolicy(max_messages=4, max_age=0.2)
+    )
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        info = await wait_consumer(peer, all_done(4))
+        stats = run.stats
+        assert stats.acks == 3 and stats.naks == 0 and stats.dead_lettered == 1
+    assert sorted((r.stream_seq, r.value) for r in sink.records) == [
+        (1, "a"), (1, "b"), (2, "a"), (2, "b"), (3, "a"), (4, "a"), (4, "b")
+    ]
+    assert info.num_redelivered == 0
+    dead = await peer.call(peer.nc.jetstream().get_last_msg, "DLQ", "dlq.half")
+    assert dead.headers["Headrace-Stream-Seq"] == "3"
+    assert dead.headers["Headrace-Delivered"] == "1"
+    assert "no b for 2" in dead.headers["Headrace-Error"]
+
+
 class ConfusedSink(MemorySink):
     """Rejects a record that was never in its batch: a sink bug, not a partial commit."""
 

@@ -67,6 +67,15 @@ class _Group:
         self.deliveries = deliveries
         self.open = len(deliveries)
 
+    def leave(self) -> None:
+        """One of its deliveries is settled. Once all are, it lets go of them: each delivery
+        points back at its group, and a cycle is freed only by a full collection (rare under
+        ``tune_gc``), so acked messages would pile up; nor is a settled message kept while an
+        older group is still open."""
+        self.open -= 1
+        if self.open <= 0:
+            self.deliveries = []
+
 
 @attrs.frozen(slots=True)
 class _Poison:
@@ -148,7 +157,7 @@ class AckTracker(Actor[_Poison | _Wake]):
             delivery.pending -= 1
             if delivery.pending <= 0 and not delivery.done:
                 delivery.done = True
-                delivery.group.open -= 1
+                delivery.group.leave()
                 ready.append(delivery.msg)
                 in_flight[delivery.source] -= 1
         if ready:
@@ -170,11 +179,16 @@ class AckTracker(Actor[_Poison | _Wake]):
         error: BaseException,
         actor: str | None = None,
         node: str | None = None,
+        *,
+        poison: bool = False,
     ) -> None:
         """Processing these records failed in ``actor`` (of node ``node``): nak their messages
-        (or, past ``max_deliveries``, treat them as poison)."""
+        (or, past ``max_deliveries``, treat them as poison). ``poison``: they are poison now,
+        whatever their delivery count (a delivery would not bring them back: see
+        ``SinkStage._attempt``)."""
         self.stats.failure(actor or self.name, node or actor or self.name, error, records)
-        poison: list[Delivery] = []
+        at_once = poison
+        poison_now: list[Delivery] = []
         for record in records:
             delivery = record.delivery
             delivery.pending -= 1
@@ -182,21 +196,21 @@ class AckTracker(Actor[_Poison | _Wake]):
                 continue
             delivery.failed = True
             delivery.done = True
-            delivery.group.open -= 1
+            delivery.group.leave()
             self.stats.ack_pending -= 1
             self.in_flight[delivery.source] -= 1
             msg = delivery.msg
             delivered = msg.metadata.num_delivered
-            if delivered >= self.pipeline.max_deliveries:
-                poison.append(delivery)
+            if at_once or delivered >= self.pipeline.max_deliveries:
+                poison_now.append(delivery)
                 continue
             delay = min(
                 self.pipeline.nak_delay * 2 ** min(delivered - 1, 30), self.pipeline.nak_delay_max
             )
             msg.nak_nowait(delay)
             self.stats.naks += 1
-        if poison:
-            self.tell(_Poison(poison, error))
+        if poison_now:
+            self.tell(_Poison(poison_now, error))
         self._forget_settled()
         if self._room:
             self._room.unpark_all()
@@ -211,7 +225,7 @@ class AckTracker(Actor[_Poison | _Wake]):
                 if delivery.done:
                     continue
                 delivery.done = True
-                group.open -= 1
+                group.leave()
                 self.in_flight[delivery.source] -= 1
                 delivery.msg.nak_nowait()
                 naked += 1

@@ -25,10 +25,23 @@ if TYPE_CHECKING:
 class Delivery:
     """One JetStream message in flight; see the module docs."""
 
-    __slots__ = ("done", "failed", "group", "msg", "pending", "received", "source", "wpi_at")
+    # (__weakref__: a weak reference tells that a settled delivery is freed at once.)
+    __slots__ = (
+        "__weakref__",
+        "done",
+        "failed",
+        "group",
+        "msg",
+        "pending",
+        "received",
+        "source",
+        "wpi_at",
+    )
 
     def __init__(self, msg: JsMsg, received: float, source: str) -> None:
-        #: The arrival group it belongs to (the ack tracker's bookkeeping), if any.
+        #: The arrival group it belongs to (the ack tracker's bookkeeping), if any. The group
+        #: lets go of its deliveries once all are settled, so this reference makes no cycle
+        #: that would wait for a full garbage collection (docs/pipelines.md, memory).
         self.group: Any = None
         self.msg = msg
         self.pending = 1

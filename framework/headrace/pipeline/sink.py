@@ -17,9 +17,11 @@ and may have two more:
   second while idle): upkeep that must go on without batches, such as a shared output's sweep
   of what dead workers left. It must return quickly when there is nothing due.
 
-Async sinks run on the event loop. Sync sinks run in a worker thread, one call at a time per
-sink, so a blocking write never stalls the loop. ``name`` (optional) names the sink in graphs,
-progress and metrics.
+Async sinks run on the event loop. A sync sink's methods run on one thread of its own, from
+``bind``/``open`` to ``close`` (:class:`~headrace.pipeline.sink_thread.SinkThread`), one call at
+a time, so a blocking write never stalls the loop and a driver that ties its connection to the
+thread that opened it (sqlite3) works. ``name`` (optional) names the sink in graphs, progress
+and metrics.
 
 A sink that raises :class:`~headrace.commits.errors.OutputConflict` (another pipeline's output,
 a recreated stream) stops the pipeline: the batch is neither acked nor naked, since writing it
@@ -39,6 +41,7 @@ from headrace.commits.coordinator import DEFAULT_BUCKET
 from headrace.commits.identity import StreamIdentity, new_worker_id
 from headrace.jetstream.transient import retry_transient
 from headrace.pipeline.batch import Batch
+from headrace.pipeline.sink_thread import SinkThread
 
 if TYPE_CHECKING:
     from headrace.jetstream.context import JetStream
@@ -141,14 +144,22 @@ class Sink(Protocol):
 
 
 class SinkRunner:
-    """Calls a sink's methods on the loop or in a worker thread, as each one is defined."""
+    """Calls a sink's methods: coroutine functions on the loop, plain ones on the sink's thread.
+
+    A sink's life runs from ``bind``/``open`` to ``close``; its sync calls all run on one
+    :class:`SinkThread`, started at the first and let go after ``close`` (or after a ``bind``
+    or ``open`` that failed: the stage does not close what did not open). A new life (a
+    restart opens the sink again) gets a new thread, once the last one is free: a call
+    abandoned by a hard stop never overlaps the next one.
+    """
 
     def __init__(self, sink: Any, name: str) -> None:
         if not callable(getattr(sink, "write_batch", None)):
             raise TypeError(f"sink {name!r} ({sink!r}) has no write_batch(batch) method")
         self.sink = sink
         self.name = name
-        self._limiter = trio.CapacityLimiter(1)
+        #: The thread of the sink's current (or last) life; None before its first sync call.
+        self.thread: SinkThread | None = None
 
     async def _call(self, method: str, *args: Any) -> None:
         fn = getattr(self.sink, method, None)
@@ -156,17 +167,31 @@ class SinkRunner:
             return
         if inspect.iscoroutinefunction(fn):
             await fn(*args)
-        else:
-            # abandon_on_cancel: a hard stop must not wait for a thread stuck in a sink's I/O.
-            # The batch is then not committed (so redelivered); the limiter keeps the next call
-            # from overlapping the abandoned one.
-            await trio.to_thread.run_sync(fn, *args, limiter=self._limiter, abandon_on_cancel=True)
+            return
+        thread = self.thread
+        if thread is None or thread.stopping:
+            if thread is not None:
+                # The last life's thread may still be in a call abandoned by a hard stop.
+                await thread.ended.wait()
+            thread = self.thread = SinkThread(self.name)
+        await thread.call(fn, *args)
+
+    async def _start(self, method: str, *args: Any) -> None:
+        try:
+            await self._call(method, *args)
+        except BaseException:
+            self._stop_thread()
+            raise
+
+    def _stop_thread(self) -> None:
+        if self.thread is not None:
+            self.thread.stop()
 
     async def bind(self, context: SinkContext) -> None:
-        await self._call("bind", context)
+        await self._start("bind", context)
 
     async def open(self) -> None:
-        await self._call("open")
+        await self._start("open")
 
     async def maintain(self) -> None:
         await self._call("maintain")
@@ -175,4 +200,13 @@ class SinkRunner:
         await self._call("write_batch", batch)
 
     async def close(self) -> None:
-        await self._call("close")
+        """Close the sink and let its thread go. When the thread is free (no call abandoned by a
+        hard stop still runs in it), this waits for it to stop serving the sink, which is then
+        immediate: a sink closed has no thread left."""
+        try:
+            await self._call("close")
+        finally:
+            self._stop_thread()
+        thread = self.thread
+        if thread is not None and not thread.pending:
+            await thread.ended.wait()

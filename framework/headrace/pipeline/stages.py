@@ -230,7 +230,7 @@ class OperatorStage(Stage):
             except Exception as exc:
                 # on_error="crash": the whole batch fails (nak), then the actor fails and its
                 # restart policy decides.
-                self.tracker.failed(item, exc)
+                self.tracker.failed(item, exc, self.name, self.node.name)
                 raise
             if out:
                 await self.forward(out)
@@ -310,7 +310,7 @@ class OperatorStage(Stage):
         dropped: list[Record] = []
         for record, value, error in results:
             if error is not None:
-                self.tracker.failed([record], error)
+                self.tracker.failed([record], error, self.name, self.node.name)
             elif kind == "map":
                 out.append(Record(value, record.delivery))
             elif kind == "filter":
@@ -454,19 +454,28 @@ class SinkStage(Stage):
             raise
         except RecordsRejected as exc:
             # Committed but for some records: those fail alone (nak, dead letter), the rest is
-            # acked as for a whole batch. A message with records on both sides is failed (its
-            # failure wins), and the sink skips the committed ones when it comes again.
+            # acked as for a whole batch. A message with records on both sides is poison at
+            # once: delivered again, the sink would skip it as committed (sinks dedupe by
+            # stream sequence) and its rejected records would be acked unwritten; the dead
+            # letter keeps them (without one, terminating it is reported).
             rejected = {id(record) for record, _ in exc.rejected}
             if not rejected <= {id(record) for record in records}:
                 wrong = SinkError(f"sink {self.node.name!r} rejected records not in the batch")
                 wrong.transient = False  # type: ignore[attr-defined]  # its batch: split it
-                return self._attempt_failed(wrong)
+                return self._attempt_failed(wrong, records)
+            kept = {id(r.delivery) for r in records if id(r) not in rejected}
             for record, error in exc.rejected:
-                self.tracker.failed([record], error)
+                self.tracker.failed(
+                    [record],
+                    error,
+                    self.name,
+                    self.node.name,
+                    poison=id(record.delivery) in kept,
+                )
             self.run_.report_error(self.node.name, exc)
             records = [r for r in records if id(r) not in rejected]
         except Exception as exc:
-            return self._attempt_failed(exc)
+            return self._attempt_failed(exc, records)
         elapsed = trio.current_time() - started
         stats.batches_committed += 1
         stats.commit_seconds_last = elapsed
@@ -475,9 +484,9 @@ class SinkStage(Stage):
         self._note_failing()
         return None
 
-    def _attempt_failed(self, exc: BaseException) -> BaseException:
+    def _attempt_failed(self, exc: BaseException, records: list[Record]) -> BaseException:
         self.run_.stats.batches_failed += 1
-        self.run_.stats.errors += 1
+        self.run_.stats.failure(self.name, self.node.name, exc, records)
         self.run_.report_error(self.node.name, exc)
         self._note_failing(failing=True)
         return exc
@@ -485,7 +494,7 @@ class SinkStage(Stage):
     def _poisoned(self, records: list[Record], exc: BaseException) -> None:
         """A message whose records fail alone, while the sink commits others: it fails like an
         operator's failing record (nak; poison after ``max_deliveries``)."""
-        self.tracker.failed(records, exc)
+        self.tracker.failed(records, exc, self.name, self.node.name)
 
     def _note_failing(self, *, failing: bool | None = None) -> None:
         """Keep ``stats.retrying`` (sinks in a run of failures) and ``stats.sink_retries``

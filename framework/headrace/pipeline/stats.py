@@ -2,13 +2,73 @@
 
 Plain attributes updated in place by the pipeline's actors (one thread, no locks); read them
 at any time. ``snapshot()`` gives a dict for logs and metrics.
+
+A count alone does not say what is wrong (``errors=900``): every operator and sink failure the
+pipeline survives is reported through :meth:`PipelineStats.failure`, which counts it (in total,
+and per actor and error type in ``failures``), keeps it as ``last_failure`` (the error, the actor,
+the stream and sequence of the message concerned) and hands it to ``on_failure``, the hook
+through which ``headrace run`` turns failures into events.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from headrace.jetstream.message import JsMsg
+    from headrace.pipeline.record import Record
+
+#: Error types counted apart per actor in ``failures``; more are counted as ``other``, so that
+#: a metric labelled by them stays small whatever the code raises.
+MAX_ERROR_TYPES = 10
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Failure:
+    """One failure the pipeline survived: what failed, where, and on which message."""
+
+    #: The actor that failed: ``filter:valid``, ``sink:lake``, ``ack-tracker``.
+    actor: str
+    #: Its node's name in the graph (``valid``, ``lake``); the actor's name for the tracker.
+    node: str
+    error: BaseException
+    #: The stream and stream sequence of the (first) message concerned, if one is.
+    stream: str | None = None
+    seq: int | None = None
+    #: How many times that message has been delivered.
+    delivered: int | None = None
+    #: Records concerned: 1 for an operator's record, the batch's size for a sink write.
+    records: int = 1
+    #: When (Unix time).
+    at: float = 0.0
+
+    @property
+    def text(self) -> str:
+        """The error in one line: ``NameError: name 'x' is not defined``."""
+        message = " ".join(str(self.error).split())
+        name = type(self.error).__name__
+        return f"{name}: {message}" if message else name
+
+    def fields(self) -> dict[str, Any]:
+        """For an event or a log line: ``stage`` (the node), ``actor``, ``error`` (the text),
+        ``stream``, ``seq``, ``delivered``, ``records``."""
+        return {
+            "stage": self.node,
+            "actor": self.actor,
+            "error": self.text,
+            "stream": self.stream,
+            "seq": self.seq,
+            "delivered": self.delivered,
+            "records": self.records,
+        }
+
+
+def _not_snapshot(attribute: attrs.Attribute[Any], _value: Any) -> bool:
+    return attribute.name not in ("last_failure", "on_failure")
 
 
 @attrs.define(slots=True)
@@ -38,6 +98,52 @@ class PipelineStats:
     lag: int = 0
     #: Deliveries taken and not yet acked, naked or terminated.
     ack_pending: int = 0
+    #: ``errors`` by actor and error type: ``{"filter:valid": {"NameError": 900}}``.
+    failures: dict[str, dict[str, int]] = attrs.field(factory=dict)
+    #: The latest failure (not in the snapshot: it holds the exception).
+    last_failure: Failure | None = None
+    #: Told of each failure as it is counted; must neither block nor raise.
+    on_failure: Callable[[Failure], None] | None = None
+
+    def failure(
+        self,
+        actor: str,
+        node: str,
+        error: BaseException,
+        records: Sequence[Record] = (),
+        msg: JsMsg | None = None,
+    ) -> Failure:
+        """Count a failure of ``actor`` (node ``node``) on ``records`` (or on message ``msg``),
+        keep it as the last one, and tell ``on_failure``."""
+        self.errors += 1
+        by_type = self.failures.setdefault(actor, {})
+        kind = type(error).__name__
+        if kind not in by_type and len(by_type) >= MAX_ERROR_TYPES:
+            kind = "other"
+        by_type[kind] = by_type.get(kind, 0) + 1
+        if msg is None and records:
+            msg = records[0].delivery.msg
+        stream = seq = delivered = None
+        if msg is not None:
+            try:
+                meta = msg.metadata
+                stream, seq, delivered = meta.stream, meta.stream_seq, meta.num_delivered
+            except Exception:  # a message without JetStream metadata: said without
+                pass
+        failure = Failure(
+            actor=actor,
+            node=node,
+            error=error,
+            stream=stream,
+            seq=seq,
+            delivered=delivered,
+            records=max(len(records), 1),
+            at=time.time(),
+        )
+        self.last_failure = failure
+        if self.on_failure is not None:
+            self.on_failure(failure)
+        return failure
 
     def snapshot(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        return attrs.asdict(self, filter=_not_snapshot)
