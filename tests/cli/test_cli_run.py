@@ -6,10 +6,12 @@ Every wait is for an event: a line the process prints, its exit, or a nats-py an
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -22,6 +24,7 @@ from cli_support import (
     run_headrace,
     write_pipeline,
 )
+from headrace.shutdown import SAME_REQUEST_WINDOW
 from servers import free_port, token_auth, user_password_auth
 
 MEMORY = """\
@@ -163,6 +166,11 @@ async def test_sigint_drains_open_batches(nats_server, natspy, tmp_path: Path) -
     assert _plain_fields(proc.err[-2])["acks"] == "200"  # the last progress line
 
 
+def _event_time(event: dict[str, Any]) -> float:
+    """When a JSON event was written (its ``ts``), as a Unix time."""
+    return dt.datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+
+
 async def test_second_signal_stops_at_once(nats_server, natspy, tmp_path: Path) -> None:
     await create_stream(natspy, nats_server.url)
     await publish(natspy, 20)
@@ -172,9 +180,13 @@ async def test_second_signal_stops_at_once(nats_server, natspy, tmp_path: Path) 
     ) as proc:
         await proc.wait_event("progress", lambda e: e["stats"]["ack_pending"] == 20)
         proc.signal(signal.SIGINT)
-        index, _ = await proc.wait_event("draining")
-        # The drain waits for a write that never ends (drain_timeout is 60 s) ...
-        await proc.wait_event("progress", lambda e: e["draining"], start=index)
+        index, draining = await proc.wait_event("draining")
+        # The drain waits for a write that never ends (drain_timeout is 60 s) ... Within a
+        # second of the first, a signal would be the same request: wait for a later report.
+        later = _event_time(draining) + SAME_REQUEST_WINDOW
+        await proc.wait_event(
+            "progress", lambda e: e["draining"] and _event_time(e) > later, start=index
+        )
         proc.signal(signal.SIGINT)
         # ... and the second signal ends it at once: 128 + SIGINT.
         assert await proc.wait_exit(timeout=10) == 130
@@ -369,12 +381,12 @@ async def test_failed_pipeline_exits_1(nats_server, natspy, tmp_path: Path) -> N
     async with headrace("run", str(path), "--nats", nats_server.url, "--json-logs") as proc:
         assert await proc.wait_exit() == 1
     err = "\n".join(proc.err)
-    message = [line for line in proc.err if line.startswith("headrace run: ")]
-    assert len(message) == 1, err
-    assert message[0].startswith("headrace run: pipeline failed: ValueError: cannot handle")
-    assert "actor 'map:boom' of pipeline 'fails' failed for good" in message[0]
+    json_lines = proc.events()  # JSON lines only, the reason included
+    [reason] = [e for e in json_lines if e["event"] == "exit_reason"]
+    assert reason["message"].startswith("pipeline failed: ValueError: cannot handle"), err
+    assert "actor 'map:boom' of pipeline 'fails' failed for good" in reason["message"]
+    assert reason["exit_code"] == 1
     assert "Traceback" not in err
-    json_lines = [json.loads(line) for line in proc.err if line.startswith("{")]
     fatal = [e for e in json_lines if e["event"] == "error"]
     assert fatal and fatal[-1]["fatal"] is True
     assert json_lines[-1]["event"] == "stopped" and json_lines[-1]["exit_code"] == 1

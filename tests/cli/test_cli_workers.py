@@ -229,24 +229,26 @@ def test_metrics_of_workers() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--workers", "0"], "headrace run: --workers must be at least 1, not 0"),
-        (["--workers=-3"], "headrace run: --workers must be at least 1, not -3"),
+        (["--workers", "0"], "^--workers must be at least 1, not 0$"),
+        (["--workers=-3"], "^--workers must be at least 1, not -3$"),
         (["--workers"], "argument --workers: expected one argument"),
         (["--workers", "two"], "argument --workers: invalid int value: 'two'"),
-        (["--workers", "2", "--sink", "lake=jsonl"], "headrace run: .*has no sink named 'lake'"),
+        (["--workers", "2", "--sink", "lake=jsonl"], "has no sink named 'lake'"),
     ],
 )
 async def test_invalid_workers_and_targets_exit_2_at_once(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
-    """Checked before any worker starts: no events, the one message."""
+    """Checked before any worker starts: no other event, the one reason (JSON, as asked)."""
     path = write_pipeline(tmp_path, MEMORY)
     url = f"nats://127.0.0.1:{free_port()}"
     result = await run_headrace("run", str(path), "--nats", url, "--json-logs", *args)
     assert result.returncode == 2
     err = result.stderr.decode()
-    assert re.search(message, err), err
-    assert "Traceback" not in err and '"event"' not in err
+    [reason] = [json.loads(line) for line in err.splitlines()]
+    assert reason["event"] == "exit_reason" and reason["exit_code"] == 2, err
+    assert re.search(message, reason["message"]), err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -293,11 +295,11 @@ async def test_configuration_error_stops_all_workers_with_exit_2(
     assert trio.current_time() - began < 10
     assert result.returncode == 2
     lines = result.stderr.decode().splitlines()
-    [message] = [line for line in lines if line.startswith("headrace run: ")]
-    assert re.match(r"headrace run: worker [01]: StreamNotFound: stream not found", message)
+    events = [json.loads(line) for line in lines]  # JSON lines only
+    [message] = [e["message"] for e in events if e["event"] == "exit_reason" and "worker" not in e]
+    assert re.match(r"worker [01]: StreamNotFound: stream not found", message)
     assert "source 'mem' reads stream 'ORDERS'" in message
     assert message.endswith(". Create the stream, or fix the pipeline"), message
-    events = [json.loads(line) for line in lines if line.startswith("{")]
     names = [e["event"] for e in events]
     assert "worker_restarting" not in names
     assert names.count("worker_exited") == 2  # each worker ran once
@@ -435,8 +437,10 @@ async def test_a_failed_worker_is_restarted_with_backoff(
     errors = [e for e in events if e["event"] == "error" and e.get("fatal")]
     assert errors and all(e["worker"] == 0 for e in errors)
     assert "ValueError: cannot handle" in errors[0]["error"]
-    stderr = [e["line"] for e in events if e["event"] == "worker_stderr"]
-    assert any(line.startswith("headrace run: pipeline failed: ValueError") for line in stderr)
+    reasons = [e for e in events if e["event"] == "exit_reason"]
+    assert reasons and all(e["worker"] == 0 for e in reasons)
+    assert reasons[0]["message"].startswith("pipeline failed: ValueError")
+    assert not [e for e in events if e["event"] == "worker_stderr"]
     assert events[-1]["event"] == "stopped" and events[-1]["exit_code"] == 0
     assert events[-1]["restarts"] == 1  # the second restart was still waiting out its delay
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from headrace._version import __version__
 
@@ -150,8 +151,37 @@ def _worker_counts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are an ``exit_reason`` event with ``--json-logs``
+    (:mod:`headrace.cli.jsonlogs`); the subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        from headrace.cli import jsonlogs
+
+        if jsonlogs.active() is None:
+            super().error(message)
+        jsonlogs.say(
+            self.prog, f"{message} (usage: {' '.join(self.format_usage().split())})", exit_code=2
+        )
+        sys.exit(2)
+
+
+def _wants_json_logs(argv: list[str]) -> bool:
+    """``headrace run`` with ``--json-logs`` (or an abbreviation argparse accepts, down to
+    ``--json``) before any ``--``: known before the arguments are parsed, so that a usage error
+    is JSON too."""
+    if argv[:1] != ["run"]:
+        return False
+    for arg in argv:
+        if arg == "--":
+            return False
+        if len(arg) >= len("--json") and "--json-logs".startswith(arg):
+            return True
+    return False
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="headrace",
         description=(
             "Stream pipelines from structured-concurrency actors on trio: "
@@ -244,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args_given = sys.argv[1:] if argv is None else argv
+    if _wants_json_logs(args_given):
+        # Before anything else runs: from here on standard error carries JSON lines only,
+        # whatever writes there (tracebacks, warnings, logging, usage errors).
+        from headrace.cli.jsonlogs import JsonLogs
+
+        JsonLogs(sys.stderr).install()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -253,6 +290,8 @@ def main(argv: list[str] | None = None) -> None:
         code = args.func(args)
     except KeyboardInterrupt:
         # Interrupted before `run` installed its signal handling (while importing TARGET).
-        print("headrace: interrupted", file=sys.stderr)
+        from headrace.cli import jsonlogs
+
+        jsonlogs.say("headrace", "interrupted", exit_code=128 + 2)
         code = 128 + 2
     sys.exit(code)

@@ -49,8 +49,16 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "naks": ("headrace_naks_total", "Messages naked (redelivered later)."),
     "terms": ("headrace_terms_total", "Poison messages terminated."),
     "dead_lettered": ("headrace_dead_lettered_total", "Poison messages sent to the dead letter."),
+    "terminated_unkept": (
+        "headrace_terminated_unkept_total",
+        "Poison messages terminated without a dead-letter copy.",
+    ),
     "in_progress": ("headrace_in_progress_total", "Work-in-progress (+WPI) acks sent."),
     "errors": ("headrace_errors_total", "Operator and sink failures."),
+    "reconnects": (
+        "headrace_reconnects_total",
+        "Times the NATS connection was made again after it was lost.",
+    ),
 }
 
 STATES = [s.value for s in ActorState]
@@ -122,6 +130,23 @@ def render(snap: Snapshot) -> str:
         "gauge",
         "Messages the consumer still holds for the pipeline (num_pending of the last message).",
         [(label, stats.get("lag", 0))],
+    )
+    metric(
+        "headrace_connected",
+        "gauge",
+        "1 while connected to a NATS server, else 0 (with --workers: workers connected).",
+        [(label, stats.get("connected", 0))],
+    )
+    failures = stats.get("failures") or {}
+    metric(
+        "headrace_failures_total",
+        "counter",
+        "Operator and sink failures by actor and error type (the pipeline carried on).",
+        [
+            (f'{label},actor="{_escape(actor)}",error="{_escape(kind)}"', count)
+            for actor, by_type in sorted(failures.items())
+            for kind, count in sorted(by_type.items())
+        ],
     )
     metric(
         "headrace_sinks_retrying",

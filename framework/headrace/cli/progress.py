@@ -6,6 +6,8 @@ interval, and :meth:`Reporter.event` for what happens in between (``started``, `
 error by default, so that standard output stays free for a sink that writes there.
 
 - :class:`LiveView` (a terminal): a block of lines redrawn in place; events are printed above it.
+  It keeps the last ``error`` (:mod:`headrace.cli.failures`) and the last connection event
+  (:mod:`headrace.cli.connection`) in words, in its ``last`` and ``nats`` lines.
 - :class:`PlainLines`: one ``key=value`` line per interval and per event, for log files
   (:class:`EventsOnly`: the event lines alone).
 - :class:`JsonLines`: one JSON object per line, ``{"ts", "event", "pipeline", ...}``; progress
@@ -158,10 +160,18 @@ class PlainLines(Reporter):
             f"naks={s['naks']}",
             f"redelivered={s['redeliveries']}",
             f"errors={s['errors']}",
+            f"dropped={s.get('dropped', 0)}",
+            f"terms={s.get('terms', 0)}",
+            f"dead_lettered={s.get('dead_lettered', 0)}",
+            f"terminated_unkept={s.get('terminated_unkept', 0)}",
+            f"retrying={s.get('retrying', 0)}",
+            f"sink_retries={s.get('sink_retries', 0)}",
             f"commit_last={_ms(s['commit_seconds_last'])}",
             f"commit_avg={_ms(_commit_avg(s))}",
             f"actors_running={running}/{len(states)}",
         ]
+        if "connected" in s:
+            parts[-1:-1] = [f"connected={s['connected']}", f"reconnects={s.get('reconnects', 0)}"]
         if others:
             parts.append(f"actors_other={others}")
         if sample.workers:
@@ -197,7 +207,9 @@ class LiveView(Reporter):
         super().__init__(out)
         self._drawn = 0
         self._last: Sample | None = None
+        #: The last failure, and the last thing that happened to the connection, in words.
         self._last_error = ""
+        self._last_connection = ""
 
     def _width(self) -> int:
         try:
@@ -230,7 +242,11 @@ class LiveView(Reporter):
             f"   commit {_ms(s['commit_seconds_last'])} (avg {_ms(_commit_avg(s))})",
             f"  acks    {s['acks']:>12,}   naks {s['naks']:,}   terms {s['terms']:,}"
             f"   dead-lettered {s['dead_lettered']:,}   in progress {s['in_progress']:,}",
-            f"  errors  {s['errors']:>12,}   {self._last_error}",
+            f"  errors  {s['errors']:>12,}   sinks retrying {s.get('retrying', 0):,}"
+            f"   sink retries {s.get('sink_retries', 0):,}"
+            f"   terminated unkept {s.get('terminated_unkept', 0):,}",
+            *([f"  last    {self._last_error}"] if self._last_error else []),
+            *self._connection_lines(s, len(sample.workers)),
             *self._worker_lines(sample.workers),
             "  actors",
         ]
@@ -241,6 +257,19 @@ class LiveView(Reporter):
         for name, state in sample.states.items():
             lines.append(f"    {name:<{name_width}}  {state}")
         return [line[:width] for line in lines]
+
+    def _connection_lines(self, s: dict[str, Any], workers: int) -> list[str]:
+        if "connected" not in s:
+            return []
+        connected = s["connected"]
+        if workers:
+            status = f"{connected} of {workers} workers connected"
+        else:
+            status = "connected" if connected else "DISCONNECTED"
+        line = f"  nats    {status}   reconnects {s.get('reconnects', 0):,}"
+        if self._last_connection:
+            line += f"   last: {self._last_connection}"
+        return [line]
 
     @staticmethod
     def _worker_lines(workers: tuple[WorkerStatus, ...]) -> list[str]:
@@ -274,7 +303,9 @@ class LiveView(Reporter):
 
     def event(self, event: str, pipeline: str, **fields: Any) -> None:
         if event == "error":
-            self._last_error = f"last: {fields.get('stage', '?')}: {fields.get('error', '')}"
+            self._last_error = _failure_words(fields)
+        elif event in CONNECTION_EVENTS:
+            self._last_connection = _connection_words(event, fields)
         details = " ".join(
             f"{k}={_plain_value(v)}" for k, v in fields.items() if not isinstance(v, dict)
         )
@@ -283,6 +314,47 @@ class LiveView(Reporter):
 
     def close(self) -> None:
         self._drawn = 0  # leave the last view on the screen
+
+
+#: The connection events the live view keeps the last of (headrace.cli.connection).
+CONNECTION_EVENTS = frozenset(
+    {"disconnected", "reconnected", "lame_duck", "server_error", "connection_closed"}
+)
+
+
+def _clock_time() -> str:
+    return dt.datetime.now().strftime("%H:%M:%S")
+
+
+def _failure_words(fields: dict[str, Any]) -> str:
+    """``12:00:01 filter:valid: NameError: ... (ORDERS #17; 41 more not shown)``."""
+    where = fields.get("actor") or fields.get("stage")
+    text = f"{_clock_time()} "
+    if "worker" in fields:
+        text += f"worker {fields['worker']} "
+    text += f"{where}: " if where else ""
+    text += str(fields.get("error", ""))
+    notes = []
+    if fields.get("stream") is not None and fields.get("seq") is not None:
+        notes.append(f"{fields['stream']} #{fields['seq']}")
+    if fields.get("suppressed"):
+        notes.append(f"{fields['suppressed']:,} more not shown")
+    if fields.get("fatal"):
+        notes.append("fatal")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _connection_words(event: str, fields: dict[str, Any]) -> str:
+    """``12:00:01 disconnected nats://127.0.0.1:4222: ConnectionResetError: ...``."""
+    text = f"{_clock_time()} "
+    if "worker" in fields:
+        text += f"worker {fields['worker']} "
+    text += event.replace("_", " ")
+    if fields.get("server"):
+        text += f" {fields['server']}"
+    if fields.get("error"):
+        text += f": {fields['error']}"
+    return text
 
 
 def make_reporter(mode: str, out: TextIO) -> Reporter:

@@ -1,7 +1,11 @@
 """``headrace run TARGET``: run a pipeline until a signal, with progress and metrics.
 
 The first SIGINT or SIGTERM drains the pipeline (sources stop pulling; what was taken is
-committed and acked, within the drain timeout); a second one stops it at once. Exit codes:
+committed and acked, within the drain timeout). Another signal within a second is the same
+request (GNU ``timeout`` and service managers often signal twice); one after that stops it at
+once. The signal handling is :mod:`headrace.shutdown`'s, shared with ``run_until_signal``; its
+handlers stay until the process exits, so that the exit status is always the ``exit_code`` of
+the last ``stopped`` event. Exit codes:
 
 - 0: stopped as asked (drained after a signal), or the pipeline finished on its own;
 - 1: the pipeline failed at run time (an actor failed for good; the connection was lost for good);
@@ -26,13 +30,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from headrace.cli import jsonlogs
+from headrace.cli.connection import ConnectionEvents
+from headrace.cli.failures import FailureEvents
 from headrace.cli.metrics import Snapshot, start_serving
 from headrace.cli.options import add_connection_arguments, connect_kwargs
 from headrace.cli.overrides import OverrideError, Overrides
@@ -47,10 +54,19 @@ from headrace.jetstream.errors import (
     SubscribeError,
 )
 from headrace.nats.connection import connect
+from headrace.nats.servers import redact_url
 from headrace.pipeline.gc_tuning import restore_gc, tune_gc
 from headrace.pipeline.graph import Pipeline, PipelineError
 from headrace.pipeline.runtime import PipelineRun, StageError
-from headrace.pipeline.stats import PipelineStats
+from headrace.pipeline.stats import Failure, PipelineStats
+from headrace.shutdown import (
+    SAME_REQUEST_WINDOW,
+    STOP_SIGNALS,
+    Arrival,
+    SignalCatcher,
+    Step,
+    StopLadder,
+)
 from headrace.sinks.errors import SinkLoadError, UnknownSink
 
 EXIT_OK = 0
@@ -82,7 +98,8 @@ def add_parser(commands: Any) -> None:
         description=(
             "Run the pipeline TARGET names (path/to/file.py:name or package.module:name: a "
             "Pipeline, or a function of no arguments returning one). The first SIGINT/SIGTERM "
-            "drains it, a second stops it at once. Progress and events go to standard error. "
+            "drains it; another, a second or more later, stops it at once. Progress and events go "
+            "to standard error. "
             "Exit codes: 0 stopped cleanly, 1 failed, 2 usage or configuration error, 3 drain "
             "timed out, 4 poison messages terminated without a dead letter, 128+N stopped hard "
             "by signal N."
@@ -157,7 +174,9 @@ def add_parser(commands: Any) -> None:
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"headrace run: {message}", file=sys.stderr, flush=True)
+    """Say why the run ends (``headrace run: ...``; an ``exit_reason`` event with
+    ``--json-logs``) and return ``code``."""
+    jsonlogs.say("headrace run", message, exit_code=code)
     return code
 
 
@@ -173,6 +192,8 @@ def command(args: argparse.Namespace) -> int:
     # Imported here, not at the top: the workers module imports this one.
     from headrace.cli import workers
 
+    # A worker's signals come from its supervisor, one per step it means: no window for them.
+    window = 0.0 if workers.SUPERVISOR_FD_ENV in os.environ else SAME_REQUEST_WINDOW
     if args.workers is None:
         workers.watch_supervisor()  # in a worker of `--workers N`: end with the supervisor
     elif args.workers < 1:
@@ -194,19 +215,29 @@ def command(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except PipelineError as exc:
         return _fail(f"invalid pipeline: {exc}")
+    logs = jsonlogs.active()
+    if logs is not None:
+        logs.pipeline = pipe.name
+        logs.adopt_logging()  # the handlers TARGET's code may have set up
     try:
         kwargs = connect_kwargs(args, f"headrace run {pipe.name}")
     except ValueError as exc:
         return _fail(str(exc))
     mode = "json" if args.json_logs else args.progress
-    reporter = make_reporter(mode, sys.stderr)
+    reporter = make_reporter(mode, jsonlogs.stderr())
     interval = args.interval or (1.0 if isinstance(reporter, LiveView) else 5.0)
     if args.workers is not None:
         try:
             return workers.supervise(args, pipe, reporter, interval=interval)
         finally:
             reporter.close()
-    runner = Runner(pipe, kwargs, reporter, interval=interval, metrics_port=args.metrics_port)
+    runner = Runner(
+        pipe, kwargs, reporter, interval=interval, metrics_port=args.metrics_port, window=window
+    )
+    # Caught from now until the process exits, never uninstalled: after the last `stopped`
+    # event a signal cannot change the exit status any more (Runner.main). This function is
+    # the process's last act (main() exits with its code).
+    runner.signals.install()
     # The collector settings for streaming (gc_tuning.py), put back for in-process callers.
     gc_settings = tune_gc()
     try:
@@ -228,6 +259,7 @@ class Runner:
         *,
         interval: float,
         metrics_port: int | None = None,
+        window: float = SAME_REQUEST_WINDOW,
     ) -> None:
         self.pipe = pipe
         self.connect_kwargs = connect_kwargs
@@ -237,12 +269,18 @@ class Runner:
         self.run: PipelineRun | None = None
         self.started_at = time.time()
         self.stop_requested = trio.Event()
-        self.signals_seen = 0
+        #: SIGINT and SIGTERM, installed by command(); the ladder says what each one asks for.
+        self.signals = SignalCatcher(STOP_SIGNALS)
+        self.ladder = StopLadder(window)
         self.hard_exit: int | None = None
         self._main_scope: trio.CancelScope | None = None
         self._last_error: StageError | None = None
         self._last_sample: tuple[float, int, int] | None = None
         self._started_clock = 0.0
+        #: Operator and sink failures as events, at most one per actor per second.
+        self.failures = FailureEvents(self.event, trio.current_time)
+        #: Disconnects, reconnects, lame duck, server errors: events and the figures.
+        self.connection = ConnectionEvents(self.event, trio.current_time)
 
     # -- reporting --------------------------------------------------------------------------
 
@@ -251,7 +289,7 @@ class Runner:
 
     def _stats(self) -> dict[str, Any]:
         stats = self.run.stats if self.run is not None else PipelineStats()
-        return stats.snapshot()
+        return {**stats.snapshot(), **self.connection.figures()}
 
     def _states(self) -> dict[str, str]:
         return self.run.states() if self.run is not None else {}
@@ -286,8 +324,20 @@ class Runner:
             started_at=self.started_at,
         )
 
+    def _on_failure(self, failure: Failure) -> None:
+        """The pipeline's ``stats.on_failure``: an operator or sink failure, as it happens."""
+        self.failures(failure)
+
+    def _say_held(self) -> None:
+        """The events held back by the rate limits, and the stage errors not said yet."""
+        self.failures.flush(final=True)
+        self.connection.flush(final=True)
+        self.report_errors()
+
     def report_errors(self) -> None:
-        """Events for the stage errors reported since the last look."""
+        """Events for the stage errors reported since the last look (a poison message
+        terminated without a dead letter), but for the sinks': their failed writes and rejected
+        records were said as they happened, one by one (:meth:`_on_failure`)."""
         run = self.run
         if run is None or not run.errors:
             return
@@ -298,7 +348,10 @@ class Runner:
                 if errors[i] is self._last_error:
                     start = i + 1
                     break
+        sinks = {node.name for node in self.pipe.sinks}
         for error in errors[start:]:
+            if error.stage in sinks:
+                continue
             self.event("error", stage=error.stage, error=_one_line(error.error), fatal=False)
         self._last_error = errors[-1]
 
@@ -309,31 +362,51 @@ class Runner:
                 self.report_errors()
                 self.reporter.progress(self.sample())
 
+    async def _held_events(self) -> None:
+        """Say what the rate limits held back, once their second has passed."""
+        while True:
+            await trio.sleep(self.failures.per)
+            self.failures.flush()
+            self.connection.flush()
+
     # -- signals ----------------------------------------------------------------------------
 
-    async def _signals(self, receiver: Any, nursery: trio.Nursery) -> None:
-        async for signum in receiver:
-            self.signals_seen += 1
-            name = signal.Signals(signum).name
-            if self.signals_seen == 1:
+    async def _signals(self, nursery: trio.Nursery) -> None:
+        while True:
+            taken = self.ladder.feed(await self.signals.receive())
+            name = taken.signal.name
+            if taken.step is Step.DRAIN:
                 self.event("draining", signal=name)
                 self.stop_requested.set()
                 if self.run is not None:
                     self.run.drain()
                 elif self._main_scope is not None:
                     self._main_scope.cancel()  # not running yet: nothing to drain
-            else:
-                code = 128 + signum
-                if self.hard_exit is None:
-                    self.hard_exit = code
-                    self.event("stopping", signal=name, hard=True)
-                    if self.run is not None:
-                        self.run.stop()
-                    elif self._main_scope is not None:
-                        self._main_scope.cancel()
-                    nursery.start_soon(self._exit_after, HARD_STOP_GRACE, code)
-                else:
-                    _exit_now(code)
+            elif taken.step is Step.REPEAT:
+                assert taken.since is not None
+                self.event("signal_repeated", signal=name, after=round(taken.since, 3))
+            elif taken.step is Step.HARD:
+                code = self.hard_exit = 128 + taken.signal
+                self.event("stopping", signal=name, hard=True)
+                if self.run is not None:
+                    self.run.stop()
+                elif self._main_scope is not None:
+                    self._main_scope.cancel()
+                nursery.start_soon(self._exit_after, HARD_STOP_GRACE, code)
+            else:  # a signal after the hard stop: at once, with the hard stop's status
+                assert self.hard_exit is not None
+                self.event("stopped", exit_code=self.hard_exit, hard=True, forced=True)
+                _exit_now(self.hard_exit)
+
+    def _late_signal(self, code: int) -> Callable[[Arrival], None]:
+        """What a signal does once the last ``stopped`` event said ``code``: the same request
+        again is nothing; a new one ends the process at once, with that status."""
+
+        def late(arrival: Arrival) -> None:
+            if self.ladder.feed(arrival).step is not Step.REPEAT:
+                _exit_now(code)
+
+        return late
 
     async def _exit_after(self, seconds: float, code: int) -> None:
         await trio.sleep(seconds)
@@ -346,21 +419,23 @@ class Runner:
 
     async def main(self) -> int:
         self._started_clock = trio.current_time()
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as receiver:
-            async with trio.open_nursery() as aux:
-                aux.start_soon(self._signals, receiver, aux)
-                if self.metrics_port is not None:
-                    problem = await start_serving(
-                        aux, self.metrics_port, self.metrics_snapshot, self.event
-                    )
-                    if problem is not None:
-                        aux.cancel_scope.cancel()
-                        return _fail(problem)
-                code = await self._guarded()
-                if self.hard_exit is not None:
-                    code = self.hard_exit
-                self.event("stopped", exit_code=code, stats=self._stats())
-                aux.cancel_scope.cancel()
+        async with trio.open_nursery() as aux:
+            aux.start_soon(self._signals, aux)
+            if self.metrics_port is not None:
+                problem = await start_serving(
+                    aux, self.metrics_port, self.metrics_snapshot, self.event
+                )
+                if problem is not None:
+                    aux.cancel_scope.cancel()
+                    return _fail(problem)
+            code = await self._guarded()
+            if self.hard_exit is not None:
+                code = self.hard_exit
+            self.event("stopped", exit_code=code, stats=self._stats())
+            # Said: from here on no signal may change the status (no checkpoint in between,
+            # so the signals task cannot take one first).
+            self.signals.settle(self._late_signal(code))
+            aux.cancel_scope.cancel()
         return code
 
     async def _guarded(self) -> int:
@@ -377,8 +452,10 @@ class Runner:
             error = _leaf(exc)
             if isinstance(error, KeyboardInterrupt | SystemExit | trio.Cancelled):
                 raise
+            self._say_held()  # what led up to it, before the error that ends the run
             if not connected and isinstance(error, NatsError | ValueError | OSError):
-                servers = ", ".join(self.connect_kwargs["servers"])
+                # As given, but never with the password or token a URL may hold.
+                servers = ", ".join(redact_url(url) for url in self.connect_kwargs["servers"])
                 self.event("error", error=_one_line(error), fatal=True)
                 return _fail(f"cannot connect to NATS ({servers}): {_one_line(error)}")
             fatal = _one_line(error)
@@ -402,7 +479,13 @@ class Runner:
         return ""
 
     async def _run(self, nc: Any) -> int:
-        async with self.pipe.running(nc) as run:
+        self.connection.nc = nc
+        watcher = nc.events()  # from now on: what happens while the pipeline binds is said too
+        # `pipe.running(nc)`, with the failure hook in place before any actor runs.
+        self.pipe.validate()
+        run = PipelineRun(self.pipe, nc)
+        run.stats.on_failure = self._on_failure
+        async with run.lifetime():
             self.run = run
             self._last_sample = (trio.current_time(), 0, 0)
             connected_to = nc.connected_server
@@ -415,6 +498,8 @@ class Runner:
             )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._progress)
+                nursery.start_soon(self._held_events)
+                nursery.start_soon(self.connection.watch, watcher)
 
                 async def finished() -> None:
                     await run.wait_finished()
@@ -427,31 +512,27 @@ class Runner:
                 # Leaving the block drains; progress goes on meanwhile.
                 await run.wait_finished()
                 nursery.cancel_scope.cancel()
-        self.report_errors()
+        self._say_held()
         self.reporter.progress(self.sample())
         if self.hard_exit is not None:
             return self.hard_exit
         if run.drain_timed_out:
             self.event("drain_incomplete", ack_pending=run.stats.ack_pending)
-            print(
-                f"headrace run: the drain did not finish within {self.pipe.drain_timeout}s: "
+            return _fail(
+                f"the drain did not finish within {self.pipe.drain_timeout}s: "
                 f"{run.stats.ack_pending} messages taken were not acked; the server redelivers "
                 "them after their ack wait",
-                file=sys.stderr,
-                flush=True,
+                EXIT_DRAIN_INCOMPLETE,
             )
-            return EXIT_DRAIN_INCOMPLETE
         unkept = run.stats.terminated_unkept
         if unkept and not self.pipe.allow_termination:
             self.event("poison_terminated", messages=unkept)
-            print(
-                f"headrace run: {unkept} poison messages were terminated without a dead-letter "
+            return _fail(
+                f"{unkept} poison messages were terminated without a dead-letter "
                 "copy (their error events say which): set the pipeline's dead_letter to keep "
                 "them, or allow_termination=True to accept it",
-                file=sys.stderr,
-                flush=True,
+                EXIT_POISON_TERMINATED,
             )
-            return EXIT_POISON_TERMINATED
         return EXIT_OK
 
 
@@ -459,8 +540,8 @@ def _exit_now(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError, RuntimeError):
+            pass  # RuntimeError: a signal handler interrupted a write to the same stream
     os._exit(code)
 
 

@@ -124,10 +124,13 @@ _LISTS = (
 _FLAGS = (("tls_first", "--tls-first"),)
 
 #: Stats fields that are levels, not counts: not carried over from a finished worker process.
-#: ``ack_pending`` is summed over the live workers (each holds its own messages); the others
-#: come from the freshest figures: those of the workers whose counter named here went up last
-#: (module docs).
-LEVELS = frozenset({"ack_pending", "lag", "commit_seconds_last"})
+#: ``ack_pending`` and ``connected`` are summed over the live workers (each holds its own
+#: messages and its own connection); the others come from the freshest figures: those of the
+#: workers whose counter named here went up last (module docs).
+LEVELS = frozenset({"ack_pending", "connected", "lag", "commit_seconds_last"})
+SUMMED_LEVELS = ("ack_pending", "connected")
+#: The stats field that counts failures per actor and error type: summed key by key.
+FAILURES = "failures"
 FRESHEST: dict[str, str] = {"lag": "messages_in", "commit_seconds_last": "batches_committed"}
 
 #: Actor states, most telling first: the merged view of an actor shows the first one that any
@@ -238,6 +241,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _add_failures(into: dict[str, Any], counts: Any) -> None:
+    """Add a report's ``failures`` (actor -> error type -> count) to ``into[FAILURES]``."""
+    if not isinstance(counts, dict):
+        return
+    total: dict[str, dict[str, int]] = into.setdefault(FAILURES, {})
+    for actor, by_type in counts.items():
+        if not isinstance(by_type, dict):
+            continue
+        mine = total.setdefault(actor, {})
+        for kind, n in by_type.items():
+            if _is_number(n):
+                mine[kind] = mine.get(kind, 0) + n
+
+
 def combine_stats(
     workers: Iterable[Worker], window: float = WORKER_INTERVAL_MAX, *, final: bool = False
 ) -> dict[str, Any]:
@@ -251,16 +268,18 @@ def combine_stats(
     smallest is the latest). ``commit_seconds_last``: the freshest."""
     workers = list(workers)
     total: dict[str, Any] = PipelineStats().snapshot()  # every field, even before a report
+    total[FAILURES] = {}
     for counts in [*(w.carried for w in workers), *(w.stats or {} for w in workers)]:
         for key, value in counts.items():
             if key not in LEVELS and _is_number(value):
                 total[key] = total.get(key, 0) + value
+            elif key == FAILURES:
+                _add_failures(total, value)
     reports = [(w.stats, w.fresh) for w in workers if w.stats is not None]
     if final:
         reports = [(w.last, w.last_fresh) for w in workers if w.last is not None]
-    total["ack_pending"] = sum(
-        stats["ack_pending"] for stats, _ in reports if _is_number(stats.get("ack_pending"))
-    )
+    for level in SUMMED_LEVELS:
+        total[level] = sum(stats[level] for stats, _ in reports if _is_number(stats.get(level)))
     for key in FRESHEST:
         fresh = [(at[key], stats[key]) for stats, at in reports if key in at]
         if not fresh:
@@ -310,7 +329,7 @@ class Worker:
     #: The last report of the last process that ended, and its ``fresh``.
     last: dict[str, Any] | None = None
     last_fresh: dict[str, float] = attrs.field(factory=dict)
-    #: The current process's last ``headrace run: ...`` line (its error message).
+    #: Why the current process ended: its ``exit_reason`` event (or ``headrace run: ...``).
     message: str | None = None
     #: The exit status of the process that ended while the supervisor was stopping.
     stop_exit: int | None = None
@@ -339,6 +358,8 @@ class Worker:
         for key, value in (self.stats or {}).items():
             if key not in LEVELS and _is_number(value):
                 self.carried[key] = self.carried.get(key, 0) + value
+            elif key == FAILURES:
+                _add_failures(self.carried, value)
         self.last, self.last_fresh = self.stats, self.fresh
         self.proc, self.stats, self.fresh = None, None, {}
         self.state = "exited"
@@ -537,6 +558,10 @@ class Supervisor:
         elif event == "stopped":
             if isinstance(fields.get("stats"), dict):
                 worker.report(fields["stats"], trio.current_time())  # its final counts
+        elif event == "exit_reason":
+            if isinstance(fields.get("message"), str):
+                worker.message = fields["message"]
+            self.event(event, worker=worker.index, **fields)
         elif event == "started":
             if worker.state == "starting":
                 worker.state = "running"

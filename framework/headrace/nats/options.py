@@ -9,7 +9,7 @@ import attrs
 
 from headrace.nats.auth import Credentials
 from headrace.nats.delivery import SlowConsumerPolicy
-from headrace.nats.servers import ServerAddress
+from headrace.nats.servers import ServerAddress, redact_url
 from headrace.nats.tls import TLSConfig
 from headrace.protocol.commands import check_subject
 
@@ -23,6 +23,11 @@ def _servers(value: str | Sequence[str]) -> tuple[str, ...]:
     for url in urls:
         ServerAddress.parse(url)  # fail early, with the URL in the message
     return urls
+
+
+def _redacted(urls: tuple[str, ...]) -> str:
+    """The repr of the server URLs, with their passwords and tokens redacted."""
+    return repr(tuple(redact_url(url) for url in urls))
 
 
 def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -47,7 +52,9 @@ class ConnectOptions:
     the NATS reference clients do and are noted.
     """
 
-    servers: tuple[str, ...] = attrs.field(default=(DEFAULT_URL,), converter=_servers)
+    servers: tuple[str, ...] = attrs.field(
+        default=(DEFAULT_URL,), converter=_servers, repr=_redacted
+    )
     #: Client name shown by the server's monitoring.
     name: str | None = None
     credentials: Credentials = attrs.field(factory=Credentials)

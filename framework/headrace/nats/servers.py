@@ -15,6 +15,28 @@ import attrs
 
 DEFAULT_PORT = 4222
 _SCHEMES = {"nats": False, "tls": True}
+#: What stands in for a password or token in a URL that is shown.
+REDACTED = "***"
+
+
+def redact_url(url: str) -> str:
+    """``url`` as written, but with its password or token replaced by ``***``: the one way a
+    server URL given by the user is shown (error messages, reprs, logs).
+
+    ``nats://user:secret@host`` becomes ``nats://user:***@host`` (the user name helps find which
+    account was refused); ``nats://token@host`` becomes ``nats://***@host``. Works on any text,
+    a URL that does not parse included (its error message must not leak either): everything up
+    to the last ``@`` after the scheme is credentials. Text without ``@`` is returned as is.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not at:
+        return url
+    user, colon, _secret = userinfo.partition(":")
+    masked = f"{user}:{REDACTED}" if colon else REDACTED
+    return f"{scheme}{sep}{masked}@{hostpart}"
 
 
 @attrs.frozen(slots=True)
@@ -29,32 +51,35 @@ class ServerAddress:
     port: int = DEFAULT_PORT
     tls: bool = False
     user: str | None = None
-    password: str | None = None
-    token: str | None = None
+    # Never shown: a repr lands in logs and tracebacks.
+    password: str | None = attrs.field(default=None, repr=False)
+    token: str | None = attrs.field(default=None, repr=False)
 
     @classmethod
     def parse(cls, url: str) -> ServerAddress:
-        """Parse a server URL; a clear ``ValueError`` for anything we cannot connect to."""
+        """Parse a server URL; a clear ``ValueError`` for anything we cannot connect to (the URL
+        it shows has its credentials redacted)."""
         if not isinstance(url, str) or not url.strip():
             raise ValueError(f"server URL must be a non-empty string, not {url!r}")
+        shown = redact_url(url.strip())
         text = url.strip()
         if "://" not in text:
             text = "nats://" + text
         parts = urlsplit(text)
         scheme = parts.scheme.lower()
         if scheme in ("ws", "wss"):
-            raise ValueError(f"{url!r}: websocket connections are not supported; use nats://")
+            raise ValueError(f"{shown!r}: websocket connections are not supported; use nats://")
         if scheme not in _SCHEMES:
-            raise ValueError(f"{url!r}: unknown scheme {scheme!r}; use nats:// or tls://")
+            raise ValueError(f"{shown!r}: unknown scheme {scheme!r}; use nats:// or tls://")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ValueError(f"{url!r}: a server URL has no path, query or fragment")
+            raise ValueError(f"{shown!r}: a server URL has no path, query or fragment")
         try:
             port = parts.port
         except ValueError as exc:
-            raise ValueError(f"{url!r}: invalid port") from exc
+            raise ValueError(f"{shown!r}: invalid port") from exc
         host = parts.hostname
         if not host:
-            raise ValueError(f"{url!r}: no host")
+            raise ValueError(f"{shown!r}: no host")
         user = unquote(parts.username) if parts.username is not None else None
         password = unquote(parts.password) if parts.password is not None else None
         token = None
