@@ -33,9 +33,16 @@ from cli_support import (
 )
 from headrace.cli.main import build_parser
 from headrace.cli.metrics import Snapshot, render
-from headrace.cli.workers import SUPERVISOR_ONLY, Backoff, Worker, combine_stats, worker_argv
+from headrace.cli.workers import (
+    SUPERVISOR_ONLY,
+    Backoff,
+    Worker,
+    combine_stats,
+    worker_argv,
+    worker_secrets,
+)
 from natspy_peer import wait_consumer
-from servers import free_port
+from servers import free_port, user_password_auth
 
 #: Every worker writes into one JsonlSink directory, shared through the commit protocol
 #: (docs/scaling.md), as the pipeline's workers normally do.
@@ -148,8 +155,18 @@ def test_worker_command_line_keeps_every_option() -> None:
     child = worker_argv(args, 0.25)
     assert child[:5] == [sys.executable, "-P", "-m", "headrace", "run"]
     again = parser.parse_args(child[4:])
-    forwarded = {k: v for k, v in vars(args).items() if k not in SUPERVISOR_ONLY}
-    assert forwarded == {k: v for k, v in vars(again).items() if k not in SUPERVISOR_ONLY}
+    secret = {"servers", "password", "token"}  # in the environment, not on the command line
+    forwarded = {k: v for k, v in vars(args).items() if k not in SUPERVISOR_ONLY | secret}
+    assert forwarded == {
+        k: v for k, v in vars(again).items() if k not in SUPERVISOR_ONLY | secret
+    }
+    assert (again.servers, again.password, again.token) == (None, None, None)
+    assert worker_secrets(args) == {
+        "NATS_URL": ",".join(args.servers),
+        "NATS_PASSWORD": "-x password",
+        "NATS_TOKEN": "-x token",
+    }
+    assert not any("-x password" in a or "-x token" in a or "-a servers" in a for a in child)
     assert args.tls_first and args.password == "-x password" and len(args.servers) == 2
     assert again.workers is None and again.metrics_port is None
     assert again.json_logs and again.interval == 0.25
@@ -324,6 +341,29 @@ async def test_workers_end_with_their_supervisor(nats_server, natspy, tmp_path: 
         finally:
             for watch in watches:
                 watch.close()
+
+
+async def test_workers_get_secrets_through_their_environment_not_their_command_line(
+    nats_server_factory, natspy, tmp_path: Path
+) -> None:
+    """``ps`` shows a process's command line to every user of the host: the URL with its
+    password, and ``--token``, reach the workers in their environment, which it does not."""
+    auth = user_password_auth(password="pw-not-in-ps-9c1e")
+    server = nats_server_factory(auth=auth.config)
+    url = f"nats://{auth.user}:{auth.password}@127.0.0.1:{server.port}"
+    await create_stream(natspy, url)
+    await publish(natspy, 20)
+    path = write_pipeline(tmp_path, MEMORY)
+    async with headrace("run", str(path), "--nats", url, "--workers", "2", "--json-logs") as proc:
+        pids = await _started_workers(proc, 2)
+        for pid in pids.values():
+            command_line = await trio.Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert b"run" in command_line and auth.password.encode() not in command_line
+        await wait_consumer(
+            natspy, lambda i: i.ack_floor.stream_seq == 20, stream="ORDERS", durable="mem"
+        )  # the workers connected with the password they were given
+        proc.signal(signal.SIGTERM)
+        assert await proc.wait_exit() == 0, proc.transcript()
 
 
 async def test_stdout_passes_through_and_plain_progress_sums(

@@ -9,6 +9,12 @@ from typing import Any
 from headrace.nats.options import DEFAULT_URL
 from headrace.nats.tls import TLSConfig
 
+#: Where ``--password`` and ``--token`` are read from when not given: they keep secrets off
+#: command lines (``ps`` shows those to every user of the host); ``--workers`` passes them on
+#: to its workers so.
+PASSWORD_ENV = "NATS_PASSWORD"
+TOKEN_ENV = "NATS_TOKEN"
+
 
 def default_servers() -> list[str]:
     """``$NATS_URL`` (comma-separated URLs allowed), else ``nats://127.0.0.1:4222``."""
@@ -32,8 +38,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--creds", metavar="FILE", help="a .creds file (user JWT and nkey seed)")
     group.add_argument("--nkey", metavar="SEED_OR_FILE", help="an nkey seed, or a file holding one")
     group.add_argument("--user", help="user name (with --password)")
-    group.add_argument("--password", help="password (with --user)")
-    group.add_argument("--token", help="an authentication token")
+    group.add_argument("--password", help=f"password (with --user; default: ${PASSWORD_ENV})")
+    group.add_argument("--token", help=f"an authentication token (default: ${TOKEN_ENV})")
     group.add_argument("--tls-ca", metavar="FILE", help="CA certificates to verify the server with")
     group.add_argument("--tls-cert", metavar="FILE", help="client certificate (PEM)")
     group.add_argument("--tls-key", metavar="FILE", help="client certificate's key (PEM)")
@@ -53,8 +59,12 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 def connect_kwargs(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """Keyword arguments for :func:`headrace.nats.connect`; ``ValueError`` for bad options."""
+    password = args.password if args.password is not None else os.environ.get(PASSWORD_ENV)
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if args.password is not None and args.user is None:
         raise ValueError("--password needs --user")
+    if password is not None and args.user is None:
+        password = None  # (from the environment, meant for another tool: not ours to refuse)
     tls: TLSConfig | None = None
     if args.tls_ca or args.tls_cert or args.tls_key or args.tls_first:
         if args.tls_key and not args.tls_cert:
@@ -73,8 +83,8 @@ def connect_kwargs(args: argparse.Namespace, name: str) -> dict[str, Any]:
     return {
         "servers": _split(args.servers) or default_servers(),
         "user": args.user,
-        "password": args.password,
-        "token": args.token,
+        "password": password,
+        "token": token or None,
         "nkey_seed": args.nkey,
         "creds_file": args.creds,
         "tls": tls,

@@ -71,6 +71,7 @@ import attrs
 import trio
 
 from headrace.cli.metrics import Snapshot, start_serving
+from headrace.cli.options import PASSWORD_ENV, TOKEN_ENV
 from headrace.cli.progress import Reporter, Sample, WorkerStatus
 from headrace.cli.run import (
     EXIT_DRAIN_INCOMPLETE,
@@ -107,8 +108,6 @@ _VALUES = (
     ("creds", "--creds"),
     ("nkey", "--nkey"),
     ("user", "--user"),
-    ("password", "--password"),
-    ("token", "--token"),
     ("tls_ca", "--tls-ca"),
     ("tls_cert", "--tls-cert"),
     ("tls_key", "--tls-key"),
@@ -116,7 +115,6 @@ _VALUES = (
     ("drain_timeout", "--drain-timeout"),
 )
 _LISTS = (
-    ("servers", "--nats"),
     ("sink", "--sink"),
     ("sink_option", "--sink-option"),
     ("durable", "--durable"),
@@ -175,9 +173,24 @@ def _die_with_supervisor(fd: int) -> None:
 # -- a worker's command line and environment --------------------------------------------------
 
 
+def worker_secrets(args: argparse.Namespace) -> dict[str, str]:
+    """What a worker is told through its environment rather than its command line, which
+    ``ps`` shows to every user of the host: the servers' URLs (they may hold a user and
+    password), the password and the token (``connect_kwargs`` reads them back)."""
+    env: dict[str, str] = {}
+    if args.servers:
+        env["NATS_URL"] = ",".join(args.servers)
+    if args.password is not None:
+        env[PASSWORD_ENV] = args.password
+    if args.token is not None:
+        env[TOKEN_ENV] = args.token
+    return env
+
+
 def worker_argv(args: argparse.Namespace, interval: float) -> list[str]:
-    """``python -m headrace run TARGET`` with the connection and override options of ``args``,
-    and JSON progress every ``interval`` seconds on standard error.
+    """``python -m headrace run TARGET`` with the connection and override options of ``args``
+    but the secrets (:func:`worker_secrets`), and JSON progress every ``interval`` seconds on
+    standard error.
 
     Values go as ``--option=value``: a password that starts with ``-`` stays a value. ``-P``
     keeps the working directory off ``sys.path``, as for the ``headrace`` script (a module
@@ -446,6 +459,7 @@ class Supervisor:
         *,
         pipeline: str,
         argv: list[str],
+        env: dict[str, str] | None = None,
         count: int,
         reporter: Reporter,
         interval: float,
@@ -455,6 +469,7 @@ class Supervisor:
     ) -> None:
         self.pipeline = pipeline
         self.argv = argv
+        self.env = env or {}
         self.reporter = reporter
         self.interval = interval
         self.worker_interval = worker_interval
@@ -636,6 +651,7 @@ class Supervisor:
 
     def _environment(self, index: int) -> dict[str, str]:
         env = dict(os.environ)
+        env.update(self.env)
         env[WORKER_INDEX_ENV] = str(index)
         env[WORKERS_ENV] = str(len(self.workers))
         env[SUPERVISOR_FD_ENV] = str(self._watch_fd)
@@ -822,6 +838,7 @@ def supervise(
     supervisor = Supervisor(
         pipeline=pipe.name,
         argv=worker_argv(args, worker_interval),
+        env=worker_secrets(args),
         count=args.workers,
         reporter=reporter,
         interval=interval,
