@@ -10,6 +10,7 @@ from headrace_spark.compact import CompactionReport, compact
 from headrace_spark.errors import (
     LedgerError,
     SparkJobCancelled,
+    SparkPythonError,
     SparkSchemaError,
     SparkSessionError,
     SparkSinkError,
@@ -27,6 +28,7 @@ __all__ = [
     "LedgerError",
     "ParquetTarget",
     "SparkJobCancelled",
+    "SparkPythonError",
     "SparkSchemaError",
     "SparkSessionError",
     "SparkSink",

@@ -30,7 +30,34 @@ class SparkSchemaError(SparkSinkError, TypeError):
 
 class SparkWriteError(SparkSinkError):
     """Spark failed to write a batch (an unwritable path, an executor lost, a failed job).
-    ``__cause__`` holds Spark's own error."""
+    ``__cause__`` holds Spark's own error.
+
+    ``transient`` says whose fault it is (headrace.pipeline.sink_retry): True when the
+    connection to Spark is lost (an outage: the batch is written again, never split), None
+    when Spark does not say (written again, then split)."""
+
+    transient: bool | None = None
+
+    def __init__(self, message: str, *, transient: bool | None = None) -> None:
+        super().__init__(message)
+        if transient is not None:
+            self.transient = transient
+
+
+class SparkPythonError(SparkWriteError):
+    """A Spark Python worker failed while Spark wrote a batch. ``python_error`` is the worker's
+    own error, the last line of its traceback (``ValueError: bad thing``), which Spark's message
+    buries under "An exception was thrown from the Python worker".
+
+    Raised by a function the batch's rows went through (a UDF of ``transform``), it is the
+    records' fault: ``transient`` is False, and the pipeline splits the batch to set the failing
+    records aside. When the worker itself failed (it could not start, or import a module such as
+    pyarrow), every batch would fail alike: ``transient`` stays None, and the batch is written
+    again, never blamed on its records."""
+
+    def __init__(self, message: str, python_error: str, *, in_function: bool) -> None:
+        super().__init__(message, transient=False if in_function else None)
+        self.python_error = python_error
 
 
 class SparkJobCancelled(SparkWriteError):

@@ -15,6 +15,10 @@ Two shapes:
 
 Spark has no unsigned integers, so sequences are ``int64``, and its timestamps are microseconds,
 so the stream's nanosecond timestamps are cut to microseconds.
+
+A declared column takes its values exactly or not at all (values.py): a value that would change
+on the way (1611.5 into an integer column) is a record that does not fit, set aside by
+:meth:`TableBuilder.build_accepting`, never a silent cast.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import pyarrow.compute as pc
 
 from headrace_spark.errors import SparkSchemaError
 from headrace_spark.metadata import BatchMetadata
+from headrace_spark.values import exact_array
 
 if TYPE_CHECKING:
     from headrace.pipeline.record import Record
@@ -196,6 +201,10 @@ def _headers_column(msgs: Sequence[Any]) -> pa.Array:
     return pa.array(blocks, HEADERS_TYPE).take(pa.array(picks, pa.int32()))
 
 
+#: What a value that does not fit its column raises (exact_array, pyarrow).
+_UNFIT = (pa.ArrowException, TypeError, ValueError, OverflowError)
+
+
 @attrs.frozen(slots=True)
 class TableBuilder:
     """Turns a batch's records into a table of ``schema`` (see the module docs).
@@ -275,9 +284,9 @@ class TableBuilder:
         for field in declared:
             column = self._column(values, field.name, records)
             try:
-                columns[field.name] = pa.array(column, field.type)
-            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-                raise self._type_error(field, column, records, exc) from exc
+                columns[field.name] = exact_array(column, field.type)
+            except _UNFIT as exc:
+                columns[field.name] = self._one_by_one(field, column, records, exc)
             if not field.nullable and columns[field.name].null_count:
                 i = columns[field.name].to_pylist().index(None)
                 raise SparkSchemaError(
@@ -349,19 +358,26 @@ class TableBuilder:
         return column
 
     @staticmethod
-    def _type_error(
+    def _one_by_one(
         field: pa.Field, column: list[Any], records: Sequence[Record], exc: BaseException
-    ) -> SparkSchemaError:
+    ) -> pa.Array:
+        """The column converted a value at a time, after the whole failed: the first record
+        whose value does not fit is a :class:`SparkSchemaError` naming it. If each fits alone
+        (values that only clash together, such as floats beside ints too large for a double),
+        the column is made of them."""
+        arrays = []
         for value, record in zip(column, records, strict=True):
             try:
-                pa.array([value], field.type)
-            except (pa.ArrowException, TypeError, ValueError, OverflowError):
-                return SparkSchemaError(
+                arrays.append(exact_array([value], field.type))
+            except _UNFIT as one:
+                raise SparkSchemaError(
                     f"column {field.name!r} ({field.type}): the record at {_where(record)} "
-                    f"has {value!r} ({type(value).__name__}): {exc}",
+                    f"has {value!r} ({type(value).__name__}): {one}",
                     field.name,
-                )
-        return SparkSchemaError(f"column {field.name!r} ({field.type}): {exc}", field.name)
+                ) from one
+        if not arrays:
+            raise SparkSchemaError(f"column {field.name!r} ({field.type}): {exc}", field.name)
+        return pa.concat_arrays(arrays)
 
 
 def _where(record: Record) -> str:

@@ -10,9 +10,12 @@ The embedded defaults start fast and keep quiet: no web UI, no console progress 
 logging (``log4j2.properties`` next to this module), as many shuffle partitions as cores, and
 UTC as the session time zone so timestamps read back as they were written, and Arrow batches
 turned into rows inside Spark's tasks rather than in the driver (see
-``ARROW_LOCAL_RELATION_THRESHOLD``; a session you bring keeps its own setting). ``hive=True`` adds a
-Hive catalog whose metastore (embedded Derby) lives in the warehouse directory, so tables
-survive the session.
+``ARROW_LOCAL_RELATION_THRESHOLD``; a session you bring keeps its own setting). Spark's Python
+workers (a ``transform``'s UDFs) run this interpreter, ``sys.executable``, not the first
+``python3`` on PATH, which may lack pyarrow or even pyspark (``spark.pyspark.python`` and
+``spark.pyspark.driver.python``, unless ``conf``, ``PYSPARK_PYTHON`` or ``PYSPARK_DRIVER_PYTHON``
+names another). ``hive=True`` adds a Hive catalog whose metastore (embedded Derby) lives in the
+warehouse directory, so tables survive the session.
 
 Spark calls block, so the sink makes them in a worker thread; to stop them it tags each batch's
 jobs (:class:`JobTags`) and cancels the tag from another thread. Classic sessions use the
@@ -25,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,14 @@ from typing import Any
 from headrace_spark.errors import SparkSessionError
 
 QUIET_LOG4J = Path(__file__).with_name("log4j2.properties")
+
+#: The interpreter of Spark's Python workers (a UDF's) and of the driver, and the environment
+#: variables that name them otherwise.
+WORKER_PYTHON = "spark.pyspark.python"
+PYTHON_SETTINGS = {
+    WORKER_PYTHON: "PYSPARK_PYTHON",
+    "spark.pyspark.driver.python": "PYSPARK_DRIVER_PYTHON",
+}
 
 #: Below this size ``createDataFrame(table)`` keeps a table's rows in the driver's query plan;
 #: the embedded sessions set it to 0 so every batch streams from Arrow into the write task.
@@ -58,6 +70,11 @@ def embedded_conf(
         # CPU-s of the JVM per batch that way, 0.65 with the batches converted in the task.
         ARROW_LOCAL_RELATION_THRESHOLD: "0",
     }
+    # Spark's Python workers (UDFs) run this interpreter, not whatever `python3` is on PATH
+    # (maybe one without pyarrow, or pyspark): unless the environment names one.
+    for key, variable in PYTHON_SETTINGS.items():
+        if sys.executable and not os.environ.get(variable):
+            conf[key] = sys.executable
     java: list[str] = []
     if quiet:
         java.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
@@ -122,15 +139,28 @@ def start_session(
             builder = builder.config(key, value)
         if hive:
             builder = builder.enableHiveSupport()
+    fresh = not master.startswith("sc://") and _no_context_yet()
     try:
         spark = builder.getOrCreate()
     except Exception as exc:
         raise SparkSessionError(
             f"cannot start a Spark session on {master}: {first_line(exc)}"
         ) from exc
+    if fresh and settings.get(WORKER_PYTHON):
+        # PySpark starts its workers with the context's ``pythonExec``, which it takes from
+        # PYSPARK_PYTHON alone: the setting reaches the JVM but no worker. Only a context
+        # started here: one the application made keeps its own.
+        spark.sparkContext.pythonExec = settings[WORKER_PYTHON]
     if quiet and not is_connect(spark):
         spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _no_context_yet() -> bool:
+    """Whether this process runs no SparkContext yet (``getOrCreate`` will start one)."""
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is None
 
 
 class JobTags:

@@ -56,10 +56,12 @@ from headrace.sinks.shared_writer import SharedWriter, Staged, batch_key
 from headrace_spark.arrow_writer import write_parquet
 from headrace_spark.errors import (
     SparkJobCancelled,
+    SparkPythonError,
     SparkSchemaError,
     SparkSinkError,
     SparkWriteError,
 )
+from headrace_spark.failures import connection_lost, python_failure
 from headrace_spark.ledger import FOLD_AFTER, CommitLedger
 from headrace_spark.metadata import BatchMetadata, once_per_message
 from headrace_spark.output import OutputDir, claim_output, name_staged, new_token
@@ -587,8 +589,28 @@ class SparkSink:
         if tag in self._cancelled or "SPARK_JOB_CANCELLED" in text:
             return SparkJobCancelled(f"batch {key}: its Spark job was cancelled; not committed")
         who = "Arrow" if self.writer == "arrow" else "Spark"
-        return SparkWriteError(
-            f"{who} could not write batch {key} to {self.target.describe()}: {first_line(exc)}"
+        where = f"{who} could not write batch {key} to {self.target.describe()}"
+        failure = python_failure(exc) if self.writer == "spark" else None
+        if failure is not None:
+            if failure.in_function:
+                said = f"a Python function it ran on the rows raised {failure.message}"
+            else:
+                said = f"its Python worker failed ({failure.message}); {self._worker_python()}"
+            return SparkPythonError(
+                f"{where}: {said}", failure.message, in_function=failure.in_function
+            )
+        lost = connection_lost(exc)
+        return SparkWriteError(f"{where}: {first_line(exc)}", transient=True if lost else None)
+
+    def _worker_python(self) -> str:
+        """Which interpreter the Python workers run, to say so when they fail."""
+        try:
+            python = self.spark.sparkContext.pythonExec
+        except Exception:  # Spark Connect: the server's workers, its own setting
+            return "the workers run the Spark Connect server's Python"
+        return (
+            f"the workers run {python!r} (spark.pyspark.python, or PYSPARK_PYTHON; it needs "
+            "pyspark's dependencies, pyarrow among them)"
         )
 
     def _register(self, files: list[str]) -> None:

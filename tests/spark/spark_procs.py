@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -106,8 +106,11 @@ class Child(LineProcess):
 
 
 @asynccontextmanager
-async def child(script: str, *args: str, cwd: Path) -> AsyncIterator[Child]:
-    """Run ``tests/spark/<script> *args``; killed at the end of the block if still running."""
+async def child(
+    script: str, *args: str, cwd: Path, env: Mapping[str, str] | None = None
+) -> AsyncIterator[Child]:
+    """Run ``tests/spark/<script> *args`` (in ``env``, default :func:`child_env`); killed at
+    the end of the block if still running."""
     argv = [sys.executable, str(HERE / script), *args]
     async with trio.open_nursery() as nursery:
         proc = await trio.lowlevel.open_process(
@@ -116,7 +119,7 @@ async def child(script: str, *args: str, cwd: Path) -> AsyncIterator[Child]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=cwd,
-            env=child_env(),
+            env=dict(env) if env is not None else child_env(),
         )
         running = Child(proc, argv)
         nursery.start_soon(running._read, proc.stdout, running.out)
@@ -135,9 +138,15 @@ async def child(script: str, *args: str, cwd: Path) -> AsyncIterator[Child]:
                 nursery.cancel_scope.cancel()
 
 
-async def run_child(script: str, *args: str, cwd: Path, timeout: float = 90) -> Child:
+async def run_child(
+    script: str,
+    *args: str,
+    cwd: Path,
+    timeout: float = 90,
+    env: Mapping[str, str] | None = None,
+) -> Child:
     """Run a child to its end (and its JVM's); its exit code must be 0."""
-    async with child(script, *args, cwd=cwd) as running:
+    async with child(script, *args, cwd=cwd, env=env) as running:
         code = await running.wait_exit(timeout)
         assert code == 0, f"the child exited with {code}\n" + running.transcript()
     return running
