@@ -277,20 +277,35 @@ def nkey_auth() -> NKeyAuth:
     return NKeyAuth(seed=bytes(kp.seed).decode(), public_key=public, config=config)
 
 
-def permissions_auth(user: str = "limited", password: str | None = None) -> UserPasswordAuth:
-    """A user/password user that may publish and subscribe only on ``allowed.>`` and ``_INBOX.>``.
+def permissions_auth(
+    user: str = "limited",
+    password: str | None = None,
+    *,
+    publish: Sequence[str] = ("allowed.>", "_INBOX.>"),
+    subscribe: Sequence[str] = ("allowed.>", "_INBOX.>"),
+    admin_password: str | None = None,
+) -> UserPasswordAuth:
+    """A user/password user that may publish only on ``publish`` and subscribe only on
+    ``subscribe`` (by default ``allowed.>`` and ``_INBOX.>`` for both).
 
-    Publishing or subscribing anywhere else triggers a ``Permissions Violation``.
+    Publishing or subscribing anywhere else triggers a ``Permissions Violation``. With
+    ``admin_password``, a second user ``admin`` may do anything (to set up streams, or to look
+    at them from a peer).
     """
     password = password or _secret()
-    allowed = '["allowed.>", "_INBOX.>"]'
+
+    def subjects(items: Sequence[str]) -> str:
+        return "[" + ", ".join(_q(item) for item in items) + "]"
+
+    admin = f"    {{ user: admin, password: {_q(admin_password)} }}\n" if admin_password else ""
     config = (
         "authorization {\n"
         "  users: [\n"
         f"    {{ user: {_q(user)}, password: {_q(password)}, permissions: {{\n"
-        f"        publish: {{ allow: {allowed} }}\n"
-        f"        subscribe: {{ allow: {allowed} }}\n"
+        f"        publish: {{ allow: {subjects(publish)} }}\n"
+        f"        subscribe: {{ allow: {subjects(subscribe)} }}\n"
         "    } }\n"
+        f"{admin}"
         "  ]\n"
         "}\n"
     )

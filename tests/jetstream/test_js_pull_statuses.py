@@ -119,8 +119,8 @@ async def test_bytes_mode_pending_bytes_from_the_status_headers(subject):
             used = sum(sizes)
             await fake.send_status(
                 r0,
-                409,
-                "Message Size Exceeds MaxBytes",
+                408,
+                "Request Timeout",
                 Nats_Pending_Messages=BYTES_MODE_BATCH - 2,
                 Nats_Pending_Bytes=1000 - used,
             )
@@ -134,6 +134,35 @@ async def test_bytes_mode_pending_bytes_from_the_status_headers(subject):
             assert messages.pending_bytes == 1000 - used
 
 
+async def test_bytes_mode_a_message_too_large_for_the_rest_waits_for_more_room():
+    """409 Message Size Exceeds MaxBytes with 600 bytes left: the next message is larger than
+    600. Asking for the same 600 again would be refused at once, in a loop (issue 11): the
+    next request waits until the reader made room for more than that."""
+    async with fake_js() as (fake, nc, consumer):
+        opts = {"max_bytes": 1000, "expires": 5, "idle_heartbeat": 1, **NO_ALARM}
+        async with consumer.consume(**opts) as messages:
+            r0 = await fake.request(0)
+            frames = [fake.user_msg(r0, b"d" * 150) for _ in range(2)]
+            await fake.send(b"".join(frames))
+            used = sum(len(b"s.x") + len(f.split(b" ")[3]) + 150 for f in frames)
+            await fake.send_status(
+                r0,
+                409,
+                "Message Size Exceeds MaxBytes",
+                Nats_Pending_Messages=BYTES_MODE_BATCH - 2,
+                Nats_Pending_Bytes=1000 - used,
+            )
+            for _ in range(3):
+                await nc.flush()
+            assert len(fake.requests) == 1  # not the same refused request again
+            assert messages.pending_bytes == used  # the refused bytes are no longer owed
+            assert len(await take(messages, 2)) == 2
+            r1 = await fake.request(1)
+            assert r1.max_bytes == 1000  # the whole budget: more than was refused
+            await fake.send_msgs(r1, 1, b"L" * 700)  # larger than the 1000 - used refused
+            assert len(await take(messages, 1)) == 1
+
+
 @pytest.mark.parametrize(
     ("code", "description"),
     [
@@ -142,6 +171,7 @@ async def test_bytes_mode_pending_bytes_from_the_status_headers(subject):
         (409, "Message Size Exceeds MaxBytes"),
         (408, "Interest Expired"),
         (423, "Nats-Wrong-Pin-Id"),
+        (409, "Batch Completed"),
     ],
 )
 async def test_quiet_statuses_end_the_request_without_telling_the_user(code, description):
@@ -173,6 +203,7 @@ async def test_quiet_statuses_end_the_request_without_telling_the_user(code, des
         "Exceeded MaxRequestExpires of 1s",
         "Exceeded MaxRequestMaxBytes of 100",
         "Exceeded MaxWaiting",
+        "Server Shutdown",
     ],
 )
 async def test_409_limit_statuses_are_warnings_not_errors(description):
@@ -224,6 +255,9 @@ async def test_after_a_limit_warning_one_new_request_follows_shortly():
     [
         (400, "Bad Request", PullStatusError),
         (418, "I'm a teapot", PullStatusError),
+        # ADR-15 "Unknown Error Statuses", as docs/jetstream.md says: a 409 the client does
+        # not know is an error too (it was only a warning, and the consume went on).
+        (409, "Something New", PullStatusError),
         (409, "Consumer Deleted", ConsumerDeleted),
         (409, "Consumer is push based", ConsumerIsPushBased),
     ],
@@ -551,6 +585,8 @@ async def test_fetch_request_bodies():
         ([(100, "Idle Heartbeat"), ("msgs", 1), (404, "No Messages")], 1),
         ([(409, "Message Size Exceeds MaxBytes")], 0),
         ([(409, "Exceeded MaxWaiting")], 0),
+        ([(409, "Something New")], PullStatusError),
+        ([("msgs", 1), (409, "Something New")], 1),
         ([(409, "Consumer Deleted")], ConsumerDeleted),
         ([("msgs", 2), (409, "Consumer Deleted")], 2),
         ([(409, "Consumer is push based")], ConsumerIsPushBased),

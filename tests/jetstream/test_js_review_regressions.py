@@ -203,7 +203,7 @@ class _Conn:
     def __init__(self) -> None:
         self.writes: list[tuple[bytes, int]] = []
 
-    def write_nowait(self, encoded: bytes, messages: int) -> None:
+    def write_nowait(self, encoded: bytes, messages: int, payload_bytes: int = 0) -> None:
         self.writes.append((encoded, messages))
 
 

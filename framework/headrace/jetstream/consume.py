@@ -19,13 +19,27 @@ arrived and waits for the user, the server owes us nothing and silence is not an
 is not terminal: it is reported as an event, the pending counts are reset and a new request is
 sent, which is how a consume survives a consumer leader change that lost its waiting requests.
 
-Statuses (ADR-37): 100 is a heartbeat; 404, 408, 409 size, 423 end a request quietly; the
-``Exceeded Max*`` 409s are reported as warnings and the next request waits a quarter second
-(the server would refuse it the same way at once); 409 Consumer Deleted, 409 Consumer is push
-based, 400 and unknown statuses end the consume with a typed error after the buffered messages
-are read. A 503 (nothing serves the pull API, as while a server restarts) is reported and the
-pull retried after a delay, so a consume never stalls on it. Every terminating status with
-``Nats-Pending-Messages`` / ``Nats-Pending-Bytes`` headers reduces the pending counts by them.
+Statuses (ADR-37): 100 is a heartbeat; 404, 408, 423 and 409 Batch Completed end a request
+quietly; the ``Exceeded Max*`` 409s and 409 Server Shutdown are reported as warnings and the
+next request waits a quarter second (the server would refuse it the same way at once); 409
+Consumer Deleted, 409 Consumer is push based, 400, and any status or 409 this module does not
+know (ADR-15 "Unknown Error Statuses") end the consume with a typed error after the buffered
+messages are read. A 503 (nothing serves the pull API, as while a server restarts) is reported
+and the pull retried after a delay, so a consume never stalls on it. Every terminating status
+with ``Nats-Pending-Messages`` / ``Nats-Pending-Bytes`` headers reduces the pending counts by
+them.
+
+409 Message Size Exceeds MaxBytes (bytes mode) says the next message is larger than what the
+request had left. Asking again for that much or less would be refused at once: that loop sent
+thousands of requests a second, without a message or an error. So the next request waits until the
+buffer can ask for more than was refused; and a request for the whole of ``max_bytes`` refused
+so means the message can never be pulled with this limit: the consume ends with
+:class:`MessageTooLarge`.
+
+Acks the server refuses (a user without permission to publish to ``$JS.ACK``) are reported by
+the connection (:meth:`Connection.on_publish_denied`); the consume then ends at once with
+:class:`AckRefused`, dropping what it buffered (those messages come back after ack_wait), since
+every message it hands out would come back the same way.
 """
 
 from __future__ import annotations
@@ -39,8 +53,16 @@ import attrs
 import trio
 
 from headrace.actors.actor import Actor, ActorState
-from headrace.errors import NatsError, SubscriptionClosedError
-from headrace.jetstream.errors import ConsumerDeleted, ConsumerNotFound, JetStreamError
+from headrace.errors import NatsError, PermissionViolation, SubscriptionClosedError
+from headrace.jetstream.ack_reply import parse_ack_reply
+from headrace.jetstream.errors import (
+    AckRefused,
+    ConsumerDeleted,
+    ConsumerNotFound,
+    InvalidAckReply,
+    JetStreamError,
+    MessageTooLarge,
+)
 from headrace.jetstream.events import HeartbeatsMissed, PullWarning
 from headrace.jetstream.message import WPI, JsMsg, wire_size
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
@@ -178,6 +200,9 @@ class ConsumeBuffer(Actor[_Control]):
         self._hub: EventHub[ConsumeEvent] = EventHub()
         self._sub: Any = None
         self.requests_sent = 0
+        #: Bytes mode: the smallest request worth sending, after a 409 Message Size Exceeds
+        #: MaxBytes said the next message is larger than what was asked (0: no such bound).
+        self._min_request = 0
 
     # -- the user's side ----------------------------------------------------------------------
 
@@ -300,7 +325,7 @@ class ConsumeBuffer(Actor[_Control]):
             if self.pending_bytes > opts.threshold:
                 return False
             want = opts.max_bytes - self.pending_bytes
-            if want <= 0:
+            if want <= 0 or want < self._min_request:
                 return False
             request = PullRequest(
                 batch=BYTES_MODE_BATCH,
@@ -345,6 +370,7 @@ class ConsumeBuffer(Actor[_Control]):
                 if msg.reply is not None:
                     buf.append(msg)
                     self._buffered_bytes += wire_size(msg)
+                    self._min_request = 0  # the head of the consumer moved
                 else:
                     self._on_status(msg)
         else:
@@ -367,10 +393,15 @@ class ConsumeBuffer(Actor[_Control]):
         if kind is StatusKind.HEARTBEAT:
             return
         gone_msgs, gone_bytes = pending_counts(msg)
+        # What the request had left: the header, or (older servers) all that was outstanding.
+        refused = gone_bytes or self.pending_bytes - self._buffered_bytes
         self.pending_msgs = max(self.pending_msgs - gone_msgs, len(self._buf))
         self.pending_bytes = max(self.pending_bytes - gone_bytes, self._buffered_bytes)
         if kind is StatusKind.ERROR:
             self._fail(status_error(status, description))
+            return
+        if kind is StatusKind.TOO_LARGE and self.options.bytes_mode:
+            self._too_large(description, refused)
             return
         if kind is StatusKind.RESET:
             # The consumer's leader moved: waiting requests are gone. Count only what we hold
@@ -393,6 +424,36 @@ class ConsumeBuffer(Actor[_Control]):
             return
         self._pull()
 
+    def _too_large(self, description: str, refused: int) -> None:
+        """The next message is larger than ``refused``, the bytes its request had left: ask
+        again only for more than that, and end the consume if even ``max_bytes`` is not more
+        (see the module docs)."""
+        max_bytes = self.options.max_bytes
+        assert max_bytes is not None
+        if refused >= max_bytes:
+            consumer = self.consumer
+            self._fail(MessageTooLarge(description, consumer.stream, consumer.name, max_bytes))
+            return
+        self._min_request = max(self._min_request, refused + 1)
+        self._pull()  # sent only if the buffer has room for more than that already
+
+    def _on_publish_denied(self, violation: PermissionViolation) -> None:
+        """The server refused a ``$JS.ACK`` publish: if it is this consumer's, end now."""
+        try:
+            meta = parse_ack_reply(violation.subject)
+        except InvalidAckReply:
+            return
+        consumer = self.consumer
+        if meta.stream != consumer.stream or meta.consumer != consumer.name:
+            return
+        error = AckRefused(consumer.stream, consumer.name, violation.subject)
+        error.__cause__ = violation
+        # Nothing more is handed out: its acks would be refused too, and it would come back.
+        self._buf.clear()
+        self._arrivals.clear()
+        self._buffered_bytes = 0
+        self._fail(error)
+
     def _retry_later(self, delay: float) -> None:
         """No request before ``delay`` seconds from now; the control loop pulls then."""
         self._retry_at = trio.current_time() + delay
@@ -414,6 +475,7 @@ class ConsumeBuffer(Actor[_Control]):
     async def run(self) -> None:
         nc = self._nc
         self._sub = nc.subscribe_nowait(self.inbox_subject, handler=self._on_batch)
+        stop_watching = nc.on_publish_denied("$JS.ACK.", self._on_publish_denied)
         try:
             with nc.events() as connection_events:
                 async with trio.open_nursery() as nursery:
@@ -425,6 +487,7 @@ class ConsumeBuffer(Actor[_Control]):
                     await self._control_loop()
                     nursery.cancel_scope.cancel()
         finally:
+            stop_watching()
             if not self._sub.is_closed and not nc.is_closed:
                 await self._sub.unsubscribe()
 

@@ -40,6 +40,7 @@ from headrace.jetstream.message import OutstandingAcks
 from headrace.nats.events import EventHub
 
 if TYPE_CHECKING:
+    from headrace.jetstream.consumer_config import ConsumerInfo
     from headrace.jetstream.context import JetStream
 
 
@@ -106,27 +107,11 @@ class ConsumerLifecycle(Actor[_End]):
         return not await self._other_members_bound()
 
     async def _other_members_bound(self) -> bool:
-        """Whether the queue group's consumer still has interest once ours is gone.
-
-        The server updates ``push_bound`` shortly after it processes our UNSUB, not with it, so
-        a "bound" answer is checked again a few times over about half a second before it is
-        believed. Another member joining meanwhile is seen as bound, which keeps the consumer:
-        the safe side of the race.
-        """
-        with contextlib.suppress(NatsError):
-            await self.js.nc.flush()
-        wait = 0.02
-        for attempt in range(6):
-            try:
-                info = await self.js.consumer_info(self.stream, self.consumer)
-            except ConsumerNotFound:
-                return False
-            if not info.push_bound:
-                return False
-            if attempt < 5:
-                await trio.sleep(wait)
-                wait *= 2
-        return True
+        """Whether the queue group's consumer still has interest once ours is gone
+        (:func:`settled_push_bound`). Another member joining meanwhile is seen as bound, which
+        keeps the consumer: the safe side of the race."""
+        info = await settled_push_bound(self.js, self.stream, self.consumer)
+        return info is not None and info.push_bound
 
     async def end(self, *, drain: bool, timeout: float = math.inf) -> None:
         """Ask the actor to end the subscription; returns when done (raises what unsubscribe
@@ -186,6 +171,28 @@ class ConsumerLifecycle(Actor[_End]):
                 return None
             return exc
         return None
+
+
+async def settled_push_bound(js: JetStream, stream: str, consumer: str) -> ConsumerInfo | None:
+    """The consumer's info once ``push_bound`` is false, or as last seen if it stays true for
+    about half a second; ``None`` if the consumer does not exist.
+
+    The server updates ``push_bound`` shortly after it processes an UNSUB, not with it: right
+    after a subscription ended (ours, or the one before a re-subscribe), "bound" may only mean
+    "not updated yet". So a "bound" answer is checked again a few times before it is believed.
+    """
+    with contextlib.suppress(NatsError):
+        await js.nc.flush()
+    wait = 0.02
+    while True:
+        try:
+            info = await js.consumer_info(stream, consumer)
+        except ConsumerNotFound:
+            return None
+        if not info.push_bound or wait > 0.5:  # asked 6 times over 0.62 s
+            return info
+        await trio.sleep(wait)
+        wait *= 2
 
 
 async def _either(first: trio.Event, second: trio.Event) -> None:

@@ -81,7 +81,7 @@ def ack_all(messages: list[JsMsg]) -> int:
         for m in pending:  # messages of several connections: each to its own
             m.ack_nowait()
         return len(pending)
-    conn.write_nowait(encoded, len(pending))
+    conn.write_nowait(encoded, len(pending), 4 * len(pending))  # 4: len(b"+ACK")
     for m in pending:
         m._acked = True
         tracker = m._tracker

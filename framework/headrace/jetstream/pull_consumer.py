@@ -18,7 +18,12 @@ from headrace.actors.nursery import open_actor_nursery
 from headrace.errors import NatsError, NoRespondersError
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeOptions
 from headrace.jetstream.consumer_config import AckPolicy, ConsumerInfo
-from headrace.jetstream.errors import ConsumerNotFound, JetStreamError, JetStreamUnavailable
+from headrace.jetstream.errors import (
+    ConsumerNotFound,
+    JetStreamError,
+    JetStreamUnavailable,
+    MessageTooLarge,
+)
 from headrace.jetstream.message import JsMsg, OutstandingAcks, wire_size
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, status_error
@@ -83,7 +88,8 @@ class PullConsumer:
         ``expires`` plus a margin on the client). With ``no_wait`` the server answers at once.
         Heartbeats are on by default for ``expires`` over 30 s (ADR-37); two missed end the
         fetch. Terminal statuses raise (:class:`ConsumerDeleted`, ...) unless messages came
-        first, which are then returned; a 503 raises :class:`NoRespondersError`.
+        first, which are then returned; a 503 raises :class:`NoRespondersError`. With
+        ``max_bytes``, a next message larger than that raises :class:`MessageTooLarge`.
         """
         if max_messages is None and max_bytes is None:
             max_messages = 1
@@ -126,6 +132,12 @@ class PullConsumer:
                     continue
                 if kind is StatusKind.ERROR:
                     state["error"] = status_error(status, msg.description)
+                elif kind is StatusKind.TOO_LARGE and max_bytes is not None and not got:
+                    # Nothing fitted the whole max_bytes: the next message never will, and
+                    # returning nothing would have the caller ask again in a loop.
+                    state["error"] = MessageTooLarge(
+                        msg.description, self.stream, self.name, max_bytes
+                    )
                 elif kind is StatusKind.NO_RESPONDERS:
                     state["error"] = NoRespondersError(self._next_subject)
                 done.set()  # any other status ends this request (RESET included)

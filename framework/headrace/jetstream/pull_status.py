@@ -14,27 +14,42 @@ from headrace.protocol.events import Msg
 
 class StatusKind(enum.Enum):
     HEARTBEAT = "heartbeat"  # 100: alive, nothing else
-    FINISHED = "finished"  # the request ended quietly (404, 408, 409 size, 423): not telegraphed
-    WARNING = "warning"  # the request ended; tell the user (409 Exceeded Max*, unknown 409s)
+    FINISHED = "finished"  # the request ended quietly (404, 408, 423, 409 Batch Completed)
+    TOO_LARGE = "too large"  # 409 Message Size Exceeds MaxBytes: the next message did not fit
+    WARNING = "warning"  # the request ended; tell the user (409 Exceeded Max*, Server Shutdown)
     NO_RESPONDERS = "no responders"  # 503: nothing serves the pull API right now
     RESET = "reset"  # 409 Leadership Change: waiting requests were lost; ask the new leader
-    ERROR = "error"  # terminal: 400, 409 Consumer Deleted, 409 Consumer is push based, unknown
+    ERROR = "error"  # terminal: 400, 409 Consumer Deleted / is push based, any unknown status
+
+
+#: The 409s a pull may recover from (ADR-37's warnings and not-telegraphed statuses, plus what
+#: nats-server 2.10-2.15 also sends), by what comes next. Any other 409 is an error: ADR-15
+#: "Unknown Error Statuses" says a status the client does not know is raised, not passed over.
+_RECOVERABLE_409 = (
+    ("message size exceeds maxbytes", StatusKind.TOO_LARGE),
+    ("leadership change", StatusKind.RESET),
+    ("exceeded maxrequestbatch", StatusKind.WARNING),
+    ("exceeded maxrequestexpires", StatusKind.WARNING),
+    ("exceeded maxrequestmaxbytes", StatusKind.WARNING),
+    ("exceeded maxwaiting", StatusKind.WARNING),
+    # The server is going down with the request; the reconnect pulls again as well.
+    ("server shutdown", StatusKind.WARNING),
+    # Informational (nats-server 2.11+): the server considers the request complete.
+    ("batch completed", StatusKind.FINISHED),
+)
 
 
 def classify(status: int, description: str) -> StatusKind:
-    lower = description.lower()
     if status == 100:
         return StatusKind.HEARTBEAT
     if status in (404, 408, 423):
         return StatusKind.FINISHED
     if status == 409:
-        if "consumer deleted" in lower or "consumer is push based" in lower:
-            return StatusKind.ERROR
-        if "message size exceeds maxbytes" in lower:
-            return StatusKind.FINISHED
-        if "leadership change" in lower:
-            return StatusKind.RESET
-        return StatusKind.WARNING
+        lower = description.lower()
+        for phrase, kind in _RECOVERABLE_409:
+            if lower.startswith(phrase):
+                return kind
+        return StatusKind.ERROR  # Consumer Deleted, Consumer is push based, or unknown
     if status == 503:
         return StatusKind.NO_RESPONDERS
     return StatusKind.ERROR

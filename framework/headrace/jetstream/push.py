@@ -15,6 +15,11 @@ Arrivals are stamped for the heartbeat monitor by the connection's reader, once 
 and buffered (bounded; a full buffer drops and reports, as a core subscription does: the server
 redelivers what is not acked). Statuses other than 100 on a push subscription are errors
 (ADR-15 "Miscellaneous Error Statuses") and are raised from iteration.
+
+Acks the server refuses (no permission to publish to ``$JS.ACK``) end the subscription at once
+with :class:`AckRefused`: the connection reports each refused publish
+(:meth:`Connection.on_publish_denied`), and without this every message would be redelivered
+after ack_wait, for ever, with nothing said.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from headrace.actors.actor import Actor
-from headrace.errors import SubscriptionClosedError
+from headrace.errors import PermissionViolation, SubscriptionClosedError
+from headrace.jetstream.ack_reply import parse_ack_reply
 from headrace.jetstream.consumer_config import AckPolicy, ConsumerInfo
-from headrace.jetstream.errors import PushStatusError
+from headrace.jetstream.errors import AckRefused, InvalidAckReply, PushStatusError
 from headrace.jetstream.events import JetStreamEvent, MessagesDropped
 from headrace.jetstream.flow_control import FlowControlRequest, FlowControlResponder
 from headrace.jetstream.gaps import GapDetector, HeartbeatSeen, Observed
@@ -105,6 +111,7 @@ class PushSubscription:
             else None
         )
         self._pending_error: BaseException | None = None
+        self._refused: AckRefused | None = None
         self._hub: EventHub[JetStreamEvent] = EventHub()
         self._queue = DeliveryQueue(max_pending_msgs, max_pending_bytes, SlowConsumerPolicy.DROP)
         self._sub: Subscription | None = None
@@ -164,12 +171,32 @@ class PushSubscription:
 
     async def _end_with_connection(self) -> None:
         """When the connection closes for good, nothing more will arrive: iteration ends after
-        what is buffered, with the connection's error if it did not close as asked."""
-        with self._nc.events() as events:
-            async for _ in events:
-                pass
+        what is buffered, with the connection's error if it did not close as asked. Meanwhile
+        refused acks are watched for (this task lives as long as the subscription)."""
+        stop_watching = self._nc.on_publish_denied(ACK_PREFIX, self._on_publish_denied)
+        try:
+            with self._nc.events() as events:
+                async for _ in events:
+                    pass
+        finally:
+            stop_watching()
         error = self._nc.last_error
         self._queue.close(None if error is None else self._nc._closed_error())
+
+    def _on_publish_denied(self, violation: PermissionViolation) -> None:
+        """The server refused a ``$JS.ACK`` publish: if it is this consumer's, end now, dropping
+        what is buffered (it would be refused the same way, and comes back after ack_wait)."""
+        try:
+            meta = parse_ack_reply(violation.subject)
+        except InvalidAckReply:
+            return
+        if meta.stream != self.stream or meta.consumer != self.consumer or self._refused:
+            return
+        error = AckRefused(self.stream, self.consumer, violation.subject)
+        error.__cause__ = violation
+        self._refused = error
+        self._queue.discard()
+        self._queue.close(error)
 
     def _on_batch(self, batch: list[Msg]) -> None:
         """Runs in the connection's reader: stamp, buffer, never block."""
@@ -203,6 +230,8 @@ class PushSubscription:
     def _before_take(self, max_msgs: int | None) -> None:
         if max_msgs is not None and max_msgs < 1:
             raise ValueError(f"max_msgs must be at least 1, not {max_msgs}")
+        if self._refused is not None:
+            raise self._refused
         if self._pending_error is not None:
             error, self._pending_error = self._pending_error, None
             raise error
@@ -214,7 +243,11 @@ class PushSubscription:
             try:
                 batch = await self._queue.get_batch(max_msgs)
             except trio.EndOfChannel:
+                if self._refused is not None:
+                    raise self._refused  # noqa: B904 - its cause is the PermissionViolation
                 raise SubscriptionClosedError(f"{self!r} has ended") from None
+            if self._refused is not None:
+                raise self._refused
             out: list[JsMsg] = []
             seqs: list[tuple[int, int]] | None = [] if self.gaps is not None else None
             for msg in batch:

@@ -15,11 +15,18 @@ tasks that end together:
 When a session ends without being asked to, the supervisor reports ``Disconnected``, walks the
 server pool with jittered exponential backoff (first pass immediate, ADR-40), and on success
 re-sends CONNECT, then every SUB, then what was published meanwhile, before ``Reconnected``.
+
+The supervisor and session tasks, and the calls that change the connection's state in several
+steps (queueing, subscribing, terminating), are protected from ``KeyboardInterrupt``
+(``trio.lowlevel.enable_ki_protection``): trio then delivers a Ctrl-C to the application's main
+task at its next checkpoint instead of raising it here. Raised in the writer, it ended the
+connection under a pipeline that was about to drain: its acks were never sent, and the drain
+waited out its timeout.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -76,7 +83,7 @@ from headrace.protocol.commands import (
     encode_unsub,
 )
 from headrace.protocol.events import Err, Event, Info, Msg, Ok, Ping, Pong, ServerInfo
-from headrace.protocol.headers import Headers
+from headrace.protocol.headers import Headers, encode_header_block
 from headrace.protocol.parser import ProtocolParser
 
 # What a failed attempt on one server can raise; the next server is tried. ValueError covers
@@ -86,16 +93,27 @@ _HANDSHAKE_ERRORS = (OSError, ValueError, NatsError, ProtocolError, trio.BrokenR
 
 @attrs.define(slots=True)
 class Statistics:
-    """Counters over the connection's whole life, across reconnects (ADR-40)."""
+    """Counters over the connection's whole life, across reconnects (ADR-40).
+
+    ``in_bytes`` and ``out_bytes`` count message bytes (header block plus payload), as the
+    server's ``/connz`` and the other NATS clients do, so the figures compare. What crossed the
+    socket (protocol lines, PINGs, the handshake) is ``in_wire_bytes`` / ``out_wire_bytes``.
+    """
 
     in_msgs: int = 0
     out_msgs: int = 0
+    #: Header and payload bytes of the messages received.
     in_bytes: int = 0
+    #: Header and payload bytes of the messages published (queued to be sent).
     out_bytes: int = 0
     connects: int = 0
     reconnects: int = 0
     #: Socket writes (``send_all`` calls): far fewer than ``out_msgs`` when writes coalesce.
     writes: int = 0
+    #: Bytes read from the socket, everything included.
+    in_wire_bytes: int = 0
+    #: Bytes written to the socket, everything included.
+    out_wire_bytes: int = 0
 
 
 @attrs.define(slots=True, eq=False)
@@ -141,6 +159,7 @@ class Connection:
         self._supervisor_done = trio.Event()
         self._pings_out = 0
         self._mux: RequestMux | None = None
+        self._publish_denied: list[tuple[str, Callable[[PermissionViolation], None]]] = []
         self._ever_connected = False
         self.stats = Statistics()
 
@@ -261,12 +280,17 @@ class Connection:
         max_payload = self.max_payload
         if headers is None:
             cmd = encode_pub(subject, data, reply, max_payload=max_payload)
+            size = len(data)
         else:
             hdrs = headers if isinstance(headers, Headers) else Headers(headers)
-            cmd = encode_hpub(subject, hdrs, data, reply, max_payload=max_payload)
+            block = encode_header_block(hdrs)
+            cmd = encode_hpub(subject, block, data, reply, max_payload=max_payload)
+            size = len(block) + len(data)
         await self._out.put(cmd)
         self.stats.out_msgs += 1
+        self.stats.out_bytes += size
 
+    @trio.lowlevel.enable_ki_protection
     def publish_nowait(self, subject: str, data: bytes = b"", reply: str | None = None) -> None:
         """Queue a small message at once, without a checkpoint and without validation.
 
@@ -279,14 +303,39 @@ class Connection:
         self._check_open()
         self._out.put_nowait(encode_pub(subject, data, reply, check=False))
         self.stats.out_msgs += 1
+        self.stats.out_bytes += len(data)
 
-    def write_nowait(self, encoded: bytes, messages: int) -> None:
+    @trio.lowlevel.enable_ki_protection
+    def write_nowait(self, encoded: bytes, messages: int, payload_bytes: int = 0) -> None:
         """Queue ``messages`` already encoded PUB commands, like :meth:`publish_nowait` (no
         validation, reconnect bound honoured). For callers that encode a whole batch at once,
-        such as acking a batch of JetStream messages."""
+        such as acking a batch of JetStream messages; ``payload_bytes`` is what their payloads
+        add up to (for ``stats.out_bytes``)."""
         self._check_open()
         self._out.put_nowait(encoded)
         self.stats.out_msgs += messages
+        self.stats.out_bytes += payload_bytes
+
+    def on_publish_denied(
+        self, prefix: str, callback: Callable[[PermissionViolation], None]
+    ) -> Callable[[], None]:
+        """Call ``callback`` with every permissions violation the server reports for a publish
+        to a subject starting with ``prefix``; returns the function that stops it.
+
+        A refused publish is not answered: the server sends ``-ERR`` naming the subject and
+        drops the message. For publishes nobody waits on (acks, say) this is the only way the
+        publisher can learn of it; the same error also goes to every ``events()`` watcher as a
+        :class:`ServerErrorEvent`, where a busy watcher may miss it. The callback runs in the
+        reader task: it must not block, and should not raise.
+        """
+        entry = (prefix, callback)
+        self._publish_denied.append(entry)
+
+        def remove() -> None:
+            if entry in self._publish_denied:
+                self._publish_denied.remove(entry)
+
+        return remove
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until the server has processed everything queued before this call.
@@ -327,6 +376,7 @@ class Connection:
             slow_consumer=slow_consumer,
         )
 
+    @trio.lowlevel.enable_ki_protection
     def subscribe_nowait(
         self,
         subject: str,
@@ -470,6 +520,7 @@ class Connection:
         detail = "; ".join(f"{url}: {exc}" for url, exc in errors.items())
         raise NoServersError(f"could not connect to any server ({detail})", errors)
 
+    @trio.lowlevel.enable_ki_protection
     async def _supervise(
         self,
         transport: _Transport | None,
@@ -586,6 +637,7 @@ class Connection:
             await trio.aclose_forcefully(t.stream)
         return self._session_error
 
+    @trio.lowlevel.enable_ki_protection
     async def _guard(self, fn: Any, *args: Any) -> None:
         """Run a session task; its failure (or its end) ends the session."""
         try:
@@ -598,6 +650,7 @@ class Connection:
 
     # -- session tasks ------------------------------------------------------------------------
 
+    @trio.lowlevel.enable_ki_protection
     async def _reader(self, t: _Transport) -> None:
         stream, parser, stats = t.stream, t.parser, self.stats
         read_size = self._opts.read_size
@@ -608,7 +661,7 @@ class Connection:
             data = await stream.receive_some(read_size)
             if not data:
                 raise ConnectionResetError(f"{t.entry.address} closed the connection")
-            stats.in_bytes += len(data)
+            stats.in_wire_bytes += len(data)
             try:
                 events = parser.feed(data)
             except ProtocolError as exc:
@@ -639,7 +692,13 @@ class Connection:
             await self._route(sid, batch)
 
     async def _route(self, sid: int, batch: list[Msg]) -> None:
-        self.stats.in_msgs += len(batch)
+        stats = self.stats
+        stats.in_msgs += len(batch)
+        size = 0
+        for msg in batch:  # header block plus payload, as the server counts (see Statistics)
+            raw = msg.raw_headers
+            size += len(msg.data) if raw is None else len(msg.data) + len(raw)
+        stats.in_bytes += size
         sub = self._subs.get(sid)
         if sub is not None:
             await sub._deliver(batch)
@@ -688,24 +747,31 @@ class Connection:
                             mux.fail(error)
                             self._mux = None
                         break
-            elif mux is not None:
-                if error.operation == "reply":
-                    mux.fail_reply(error, error.subject)
-                else:
-                    mux.fail(error, error.subject)
+            else:
+                if error.operation == "publish":
+                    for prefix, callback in list(self._publish_denied):
+                        if error.subject.startswith(prefix):
+                            callback(error)
+                if mux is not None:
+                    if error.operation == "reply":
+                        mux.fail_reply(error, error.subject)
+                    else:
+                        mux.fail(error, error.subject)
             return
         if server_errors.is_terminal(error):
             raise error
 
+    @trio.lowlevel.enable_ki_protection
     async def _writer(self, t: _Transport) -> None:
         out, stream, stats = self._out, t.stream, self.stats
         while True:
             await out.wait()
             data = out.take()
             await stream.send_all(data)
-            stats.out_bytes += len(data)
+            stats.out_wire_bytes += len(data)
             stats.writes += 1
 
+    @trio.lowlevel.enable_ki_protection
     async def _pinger(self) -> None:
         opts = self._opts
         while True:
@@ -769,7 +835,9 @@ class Connection:
             fields["name"] = opts.name
         fields.update(auth_fields(opts.credentials, address, info.nonce))
         try:
-            await stream.send_all(encode_connect(fields) + b"PING\r\n")
+            hello = encode_connect(fields) + b"PING\r\n"
+            await stream.send_all(hello)
+            self.stats.out_wire_bytes += len(hello)
         except trio.BrokenResourceError as exc:
             raise ConnectionResetError(f"{address} closed the connection: {exc}") from exc
         info, leftover = await self._await_pong(stream, parser, address, info)
@@ -800,7 +868,7 @@ class Connection:
             raise ConnectionResetError(f"{address} closed the connection: {cause}") from exc
         if not data:
             raise ConnectionResetError(f"{address} closed the connection during the handshake")
-        self.stats.in_bytes += len(data)
+        self.stats.in_wire_bytes += len(data)
         return bytes(data)
 
     async def _read_info(
@@ -841,6 +909,7 @@ class Connection:
 
     # -- ending -------------------------------------------------------------------------------
 
+    @trio.lowlevel.enable_ki_protection
     def _terminate(self, error: BaseException | None) -> None:
         """Close for good: everything waiting learns why; nothing blocks."""
         if self._status is Status.CLOSED:

@@ -25,6 +25,7 @@ from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, su
 from headrace.jetstream.consumer_config import ConsumerInfo
 from headrace.jetstream.context import JetStream
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT, AckTracker
+from headrace.pipeline.publish_guard import PublishGuard
 from headrace.pipeline.sink import SinkContext
 from headrace.pipeline.sink_retry import SinkOutage
 from headrace.pipeline.stages import (
@@ -35,6 +36,7 @@ from headrace.pipeline.stages import (
     Stage,
 )
 from headrace.pipeline.stats import PipelineStats
+from headrace.shutdown import track_run
 
 if TYPE_CHECKING:
     from headrace.nats.connection import Connection
@@ -61,6 +63,9 @@ class PipelineRun:
         self.stats = PipelineStats()
         self.tracker = AckTracker(pipeline, self.js, self.stats)
         self.tracker.report = self.report_error
+        #: Stops the run when the server refuses its acks or dead letters (publish_guard.py).
+        #: Not among ``actors``: it does nothing to draw in the graph until it fails the run.
+        self.guard = PublishGuard(self)
         self.stages: dict[str, Stage] = {}
         self.sources: list[SourceStage] = []
         self.draining = False
@@ -76,6 +81,8 @@ class PipelineRun:
         self.stopped_hard = False
         self._sinks_left = 0
         self._build()
+        # Inside run_until_signal, a second signal stops this run hard (shutdown.py).
+        track_run(self)
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -183,12 +190,14 @@ class PipelineRun:
             return node.restart
         return Escalate()
 
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the caller, whose exit drains
     async def _main(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             with trio.CancelScope(shield=True) as scope:
                 self._scope = scope
                 async with trio.open_nursery() as nursery:
                     await nursery.start(supervise, self.tracker, Escalate())
+                    await nursery.start(supervise, self.guard, Escalate())
                     for stage in reversed(list(self.stages.values())):  # consumers first
                         await nursery.start(supervise, stage, self._policy(stage))
                     task_status.started()
