@@ -306,6 +306,31 @@ async def test_a_server_error_is_said(
     _assert_never_shown(password, *proc.err, *proc.out)
 
 
+async def test_refused_acks_stop_the_run_as_a_configuration_error(
+    nats_server_factory: Any, natspy: Any, tmp_path: Path
+) -> None:
+    """Acks the user may not send would be redelivered for ever: the run stops by itself, with
+    exit code 2 (a restart, by a supervisor or --workers, would be refused the same way)."""
+    password = "acker-secret-2b7e"
+    config = (
+        "authorization {\n  users: [\n"
+        f'    {{ user: "acker", password: "{password}", permissions: {{\n'
+        '        publish: { deny: ["$JS.ACK.>"] }\n'
+        "    } }\n  ]\n}\n"
+    )
+    server = nats_server_factory(auth=config)
+    url = f"nats://acker:{password}@127.0.0.1:{server.port}"
+    await create_stream(natspy, url)
+    await publish(natspy, 20)
+    path = write_pipeline(tmp_path, MEMORY)
+    async with headrace("run", str(path), "--nats", url, "--json-logs") as proc:
+        assert await proc.wait_exit() == 2, proc.transcript()
+    fatal = [e for e in proc.events() if e["event"] == "error" and e.get("fatal")]
+    assert fatal and fatal[-1]["error"].startswith("AckRefused: "), fatal
+    assert [e["exit_code"] for e in proc.events() if e["event"] == "stopped"] == [2]
+    _assert_never_shown(password, *proc.err, *proc.out)
+
+
 @pytest.mark.slow
 async def test_credentials_are_never_shown_when_connecting_fails(
     nats_server_factory: Any, tmp_path: Path

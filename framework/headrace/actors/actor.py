@@ -68,6 +68,7 @@ class Actor(Generic[M]):
         """Start in ``nursery``; returns once the actor is RUNNING."""
         await nursery.start(self._main)
 
+    @trio.lowlevel.enable_ki_protection  # as supervise(): see supervision.py
     async def _main(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as scope:
             self._scope = scope

@@ -14,6 +14,12 @@ cancels its siblings: for a pipeline, the whole pipeline stops with that error.
 An error whose class says ``restartable = False`` escalates under any policy: running the actor
 again cannot change the answer (an output that belongs to another pipeline), and a restart
 would only hide it behind a restart budget.
+
+A supervised actor, and all it calls, is protected from ``KeyboardInterrupt``
+(``trio.lowlevel.enable_ki_protection``): trio hands a Ctrl-C to the application's main task
+instead, whose cancellation stops a pipeline by draining it. Raised inside an actor, it failed
+that actor alone: its inbox closed, the actor feeding it failed on the closed inbox, and the
+pipeline stopped without a drain, with that error instead of the interrupt.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class ActorFailed(Exception):
         self.restarts = restarts
 
 
+@trio.lowlevel.enable_ki_protection
 async def supervise(
     actor: Actor[Any],
     policy: RestartPolicy,

@@ -48,6 +48,7 @@ from headrace.cli.target import TargetError, load_target
 from headrace.commits.errors import OutputConflict
 from headrace.errors import NatsError
 from headrace.jetstream.errors import (
+    AckRefused,
     ConsumerNotFound,
     JetStreamNotEnabled,
     StreamNotFound,
@@ -83,6 +84,7 @@ HARD_STOP_GRACE = 2.0
 #: user decides (docs/scaling.md), and restarting a worker would not change the answer.
 CONFIG_ERRORS: tuple[type[BaseException], ...] = (
     PipelineError,
+    AckRefused,  # the user's permissions: a restart would be refused the same way
     OutputConflict,
     StreamNotFound,
     ConsumerNotFound,

@@ -28,6 +28,10 @@ bytes may never have reached the server: every waiting flush fails with
 :class:`~headrace.errors.ConnectionLostError`. When nothing unconfirmed was lost (for instance
 a flush called while already disconnected), waiters are re-armed and pinged after the
 reconnect, behind the buffered publishes they vouch for.
+
+Every method that changes the buffer is protected from ``KeyboardInterrupt``: it is called from
+the application's tasks too (publishes, acks), and a Ctrl-C raised halfway through would leave
+the chunks, their size and the PING groups out of step.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ class OutboundBuffer:
 
     # -- producers ----------------------------------------------------------------------------
 
+    @trio.lowlevel.enable_ki_protection
     def append(self, data: bytes) -> None:
         """Queue ``data`` now, whatever the limits (control commands)."""
         self._chunks.append(data)
@@ -96,6 +101,7 @@ class OutboundBuffer:
         if self._writer:
             self._writer.unpark_all()
 
+    @trio.lowlevel.enable_ki_protection
     def prepend(self, data: bytes) -> None:
         """Queue ``data`` before everything else (SUBs re-sent after a reconnect)."""
         self._chunks.insert(0, data)
@@ -103,6 +109,7 @@ class OutboundBuffer:
         if self._writer:
             self._writer.unpark_all()
 
+    @trio.lowlevel.enable_ki_protection
     def put_nowait(self, data: bytes) -> None:
         """Queue small data without waiting: over ``high_water`` while connected is allowed
         (the writer catches up), but the reconnect buffer bound holds while disconnected."""
@@ -133,6 +140,7 @@ class OutboundBuffer:
             await self._space.park()
         self.append(data)
 
+    @trio.lowlevel.enable_ki_protection
     def request_ping(self, waiter: PongWaiter | None) -> None:
         """Ask the writer to send a PING; ``waiter`` (if any) is resolved by its PONG."""
         self._unsent.append(waiter)
@@ -146,6 +154,7 @@ class OutboundBuffer:
         while not self:
             await self._writer.park()
 
+    @trio.lowlevel.enable_ki_protection
     def take(self) -> bytes:
         """Everything queued, plus one PING if any flush waits; the buffer is emptied."""
         chunks = self._chunks
@@ -161,6 +170,7 @@ class OutboundBuffer:
             self._space.unpark_all()
         return data
 
+    @trio.lowlevel.enable_ki_protection
     def pong(self) -> None:
         """A PONG arrived: it answers the oldest PING group."""
         if self._sent:
@@ -171,6 +181,7 @@ class OutboundBuffer:
 
     # -- state changes ------------------------------------------------------------------------
 
+    @trio.lowlevel.enable_ki_protection
     def set_connected(self, connected: bool) -> None:
         was_connected, self.connected = self.connected, connected
         if was_connected and not connected:
@@ -190,12 +201,14 @@ class OutboundBuffer:
             self._takes = self._confirmed = 0
         self._space.unpark_all()
 
+    @trio.lowlevel.enable_ki_protection
     def close(self, error: BaseException) -> None:
         """Closed for good: fail waiting flushes and publishers, refuse everything after."""
         self.closed_error = error
         self.connected = False
         self.fail_waiters(error)
 
+    @trio.lowlevel.enable_ki_protection
     def fail_waiters(self, error: BaseException) -> None:
         for group in [*(g for _, g in self._sent), self._unsent]:
             for waiter in group:

@@ -8,6 +8,7 @@ from headrace.pipeline.ack_tracker import AckTracker, PoisonTerminated
 from headrace.pipeline.batch import Batch, BatchPolicy
 from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
 from headrace.pipeline.graph import Node, Pipeline, PipelineError
+from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
 from headrace.pipeline.sink import Sink, SinkRunner
@@ -19,6 +20,7 @@ __all__ = [
     "AckTracker",
     "Batch",
     "BatchPolicy",
+    "DeadLetterRefused",
     "Delivery",
     "GcSettings",
     "JetStreamSource",
