@@ -27,8 +27,10 @@ it was killed is lost to the sums; reports come at least once a second.
 
 Signals. Workers run in their own process group, so a Ctrl-C on the terminal reaches the
 supervisor only; the first SIGINT/SIGTERM to it forwards one SIGTERM to each worker (each drains:
-commits and acks what it holds) and waits for them all. A second signal forwards another SIGTERM
-(a worker's second signal stops it at once) and, if some are still running after
+commits and acks what it holds) and waits for them all. A signal within a second of the one
+before is the same request (headrace.shutdown's rule, as for one process). A later second
+signal forwards another SIGTERM (a worker's second signal stops it at once) and, if some are
+still running after
 :data:`KILL_GRACE`, kills them; a third kills them at once. (A service manager that signals every
 process of the service, as systemd's default ``KillMode=control-group`` does, gives each worker
 two signals: use ``KillMode=mixed``.)
@@ -80,10 +82,19 @@ from headrace.cli.run import (
     EXIT_POISON_TERMINATED,
     EXIT_USAGE,
     HARD_STOP_GRACE,
+    _exit_now,
     _fail,
 )
 from headrace.pipeline.graph import Pipeline
 from headrace.pipeline.stats import PipelineStats
+from headrace.shutdown import (
+    SAME_REQUEST_WINDOW,
+    STOP_SIGNALS,
+    Arrival,
+    SignalCatcher,
+    Step,
+    StopLadder,
+)
 
 #: The environment of a worker: its index (0..N-1) and N, for pipeline code that splits work.
 WORKER_INDEX_ENV = "HEADRACE_WORKER_INDEX"
@@ -479,6 +490,11 @@ class Supervisor:
         #: 0 running, 1 draining (one SIGTERM forwarded), 2 stopping hard (two forwarded).
         self.stop_level = 0
         self.hard_exit: int | None = None
+        #: SIGINT and SIGTERM, installed by supervise(); the ladder says what each one asks
+        #: for (a signal within a second of the one before is the same request: GNU timeout
+        #: and service managers signal the process and then its group).
+        self.signals = SignalCatcher(STOP_SIGNALS)
+        self.ladder = StopLadder(SAME_REQUEST_WINDOW)
         #: (worker index, message) of the first worker that exited with code 2.
         self.config_error: tuple[int, str] | None = None
         self.started_at = time.time()
@@ -633,19 +649,33 @@ class Supervisor:
         await trio.sleep(seconds)
         self._kill_all()
 
-    async def _signals(self, receiver: Any, nursery: trio.Nursery) -> None:
-        async for signum in receiver:
-            name = signal.Signals(signum).name
-            if self.stop_level == 0:
+    async def _signals(self, nursery: trio.Nursery) -> None:
+        while True:
+            taken = self.ladder.feed(await self.signals.receive())
+            name = taken.signal.name
+            if taken.step is Step.DRAIN:
                 self.event("draining", signal=name)
                 self._stop(1)
-            elif self.hard_exit is None:
-                self.hard_exit = 128 + signum
+            elif taken.step is Step.REPEAT:
+                assert taken.since is not None
+                self.event("signal_repeated", signal=name, after=round(taken.since, 3))
+            elif taken.step is Step.HARD:
+                self.hard_exit = 128 + taken.signal
                 self.event("stopping", signal=name, hard=True)
                 self._stop(2)
                 nursery.start_soon(self._kill_after, KILL_GRACE)
             else:
                 self._kill_all()
+
+    def _late_signal(self, code: int) -> Callable[[Arrival], None]:
+        """After the last ``stopped`` event said ``code``: the same request again is nothing; a
+        new one ends the process at once, with that status (never another one)."""
+
+        def late(arrival: Arrival) -> None:
+            if self.ladder.feed(arrival).step is not Step.REPEAT:
+                _exit_now(code)
+
+        return late
 
     # -- running the workers ----------------------------------------------------------------
 
@@ -762,37 +792,37 @@ class Supervisor:
         read_fd, write_fd = os.pipe()  # see the module docs: the workers watch read_fd
         self._watch_fd = read_fd
         try:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as receiver:
-                async with trio.open_nursery() as aux:
-                    aux.start_soon(self._signals, receiver, aux)
-                    if self.metrics_port is not None:
-                        problem = await start_serving(
-                            aux, self.metrics_port, self.metrics_snapshot, self.event
-                        )
-                        if problem is not None:
-                            aux.cancel_scope.cancel()
-                            return _fail(problem)
-                    self.event(
-                        "started", pid=os.getpid(), workers=len(self.workers), **self.details
+            async with trio.open_nursery() as aux:
+                aux.start_soon(self._signals, aux)
+                if self.metrics_port is not None:
+                    problem = await start_serving(
+                        aux, self.metrics_port, self.metrics_snapshot, self.event
                     )
-                    self._last_sample = (trio.current_time(), 0, 0)
-                    aux.start_soon(self._progress)
-                    async with trio.open_nursery() as relays:
-                        async with trio.open_nursery() as running:
-                            for worker in self.workers:
-                                running.start_soon(self._keep_running, worker, relays)
-                        relays.cancel_scope.deadline = trio.current_time() + OUTPUT_GRACE
-                    code, message = self._outcome()
-                    if message is not None:
-                        _fail(message, code)
-                    self.reporter.progress(self.sample(final=True))
-                    self.event(
-                        "stopped",
-                        exit_code=code,
-                        stats=self.stats(final=True),
-                        restarts=sum(w.restarts for w in self.workers),
-                    )
-                    aux.cancel_scope.cancel()
+                    if problem is not None:
+                        aux.cancel_scope.cancel()
+                        return _fail(problem)
+                self.event(
+                    "started", pid=os.getpid(), workers=len(self.workers), **self.details
+                )
+                self._last_sample = (trio.current_time(), 0, 0)
+                aux.start_soon(self._progress)
+                async with trio.open_nursery() as relays:
+                    async with trio.open_nursery() as running:
+                        for worker in self.workers:
+                            running.start_soon(self._keep_running, worker, relays)
+                    relays.cancel_scope.deadline = trio.current_time() + OUTPUT_GRACE
+                code, message = self._outcome()
+                if message is not None:
+                    _fail(message, code)
+                self.reporter.progress(self.sample(final=True))
+                self.event(
+                    "stopped",
+                    exit_code=code,
+                    stats=self.stats(final=True),
+                    restarts=sum(w.restarts for w in self.workers),
+                )
+                self.signals.settle(self._late_signal(code))
+                aux.cancel_scope.cancel()
             return code
         finally:
             os.close(read_fd)
@@ -849,4 +879,7 @@ def supervise(
             "sinks": [n.name for n in pipe.sinks],
         },
     )
+    # Caught until the process exits, never uninstalled: after the last `stopped` event a
+    # signal cannot change the exit status (see Supervisor._late_signal).
+    supervisor.signals.install()
     return trio.run(supervisor.main)
