@@ -409,6 +409,44 @@ async def test_poison_without_a_dead_letter_subject_is_terminated_and_reported(n
     assert info.delivered.consumer_seq == 1
 
 
+async def test_poison_handling_is_never_cut_in_half_by_the_in_progress_scan(nats_server, peer):
+    """A batch of 20 poison messages meets a server that stops answering (frozen) for longer
+    than their ack wait: each message's dead-letter publish and +TERM run to their end once
+    started, the messages waiting for theirs are kept alive (+WPI), and a message delivered
+    again meanwhile is terminated, not copied again: each is dead-lettered exactly once and
+    terminated. (Seen before: 40 copies of the 20.)"""
+    await add_stream(peer, "DLQ", ["dlq.>"])
+    await publish(peer, 20)
+    frozen = trio.Event()
+
+    def freeze_then_fail(value: Any) -> Any:
+        if not frozen.is_set():
+            nats_server.freeze()
+            frozen.set()
+        raise ValueError("a record no operator can take")
+
+    pipe = fast_pipeline("halves", max_deliveries=1, dead_letter="dlq.halves")
+    spec = source(config=ConsumerConfig(ack_wait=1.0))
+    pipe.source(spec).map(freeze_then_fail).sink(
+        MemorySink(), batch=BatchPolicy(max_messages=20, max_age=30)
+    )
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        try:
+            with trio.fail_after(10):
+                await frozen.wait()
+            await trio.sleep(2.0)  # frozen for four scan periods: the time is the point
+        finally:
+            nats_server.thaw()
+        await wait_consumer(peer, all_done(20), timeout=20)
+        stats = run.stats
+        # The server, frozen past the ack wait, may have delivered them again once thawed
+        # (before it read their +WPI): those are terminated again, never copied again.
+        await wait_stats(lambda: stats.terms == 20 + stats.redeliveries, what=f"terms {stats}")
+        assert stats.dead_lettered == 20 and stats.naks == 0, stats
+    dlq = await peer.call(peer.nc.jetstream().stream_info, "DLQ")
+    assert dlq.state.messages == 20  # each once
+
+
 async def test_a_dead_letter_the_stream_refuses_is_not_terminated(nats_server, peer):
     """Nothing keeps it, so it must not be dropped: it is naked for a later delivery."""
 

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 DEFAULT_ACK_WAIT = 30.0
 #: How long one poison message's dead-letter publish and +TERM may take, shielded from a stop.
 POISON_TIMEOUT = 10.0
+#: Messages dead-lettered lately that are remembered, so that one is never copied twice.
+REMEMBERED_DEAD_LETTERS = 10_000
 
 
 class PoisonTerminated(HeadraceError):
@@ -106,6 +108,14 @@ class AckTracker(Actor[_Poison | _Wake]):
         #: Each pull source's consume buffer, kept alive by the same scan.
         self.buffers: dict[str, Any] = {}
         self._rescan = trio.Event()
+        #: Poison messages whose dead-letter copy and +TERM are still to come: kept alive by
+        #: the +WPI scan meanwhile, or a slow dead letter would let the server deliver them
+        #: again (and each be dead-lettered twice).
+        self._poison_pending: dict[int, Delivery] = {}
+        #: (stream, sequence) of messages dead-lettered lately, oldest first: a message
+        #: delivered again before its +TERM landed (a server that did not answer for longer
+        #: than its ack_wait) is terminated again, not copied again.
+        self._dead_lettered: dict[tuple[str, int], None] = {}
         #: Told of failures worth a line in the run's errors (``PipelineRun.report_error``).
         self.report: Callable[[str, BaseException], None] = lambda _stage, _error: None
 
@@ -210,6 +220,8 @@ class AckTracker(Actor[_Poison | _Wake]):
             msg.nak_nowait(delay)
             self.stats.naks += 1
         if poison_now:
+            for delivery in poison_now:
+                self._poison_pending[id(delivery)] = delivery
             self.tell(_Poison(poison_now, error))
         self._forget_settled()
         if self._room:
@@ -308,16 +320,31 @@ class AckTracker(Actor[_Poison | _Wake]):
                     delivery.msg.in_progress_nowait()
                     delivery.wpi_at = now + half
                     self.stats.in_progress += 1
+        for delivery in self._poison_pending.values():
+            half = self.ack_wait.get(delivery.source, DEFAULT_ACK_WAIT) / 2
+            if now - delivery.received >= half and now >= delivery.wpi_at:
+                delivery.msg.in_progress_nowait()
+                delivery.wpi_at = now + half
+                self.stats.in_progress += 1
 
     async def _poison(self, job: _Poison) -> None:
         dead_letter = self.pipeline.dead_letter
         reason = f"{type(job.error).__name__}: {job.error}"[:500]
         for delivery in job.deliveries:
             # Each message whole: its copy stored, then its +TERM, not cut apart by a stop.
-            with trio.CancelScope(shield=True), trio.move_on_after(POISON_TIMEOUT):
-                await self._one_poison(delivery.msg, dead_letter, reason)
+            try:
+                with trio.CancelScope(shield=True), trio.move_on_after(POISON_TIMEOUT):
+                    await self._one_poison(delivery.msg, dead_letter, reason)
+            finally:
+                self._poison_pending.pop(id(delivery), None)
 
     async def _one_poison(self, msg: JsMsg, dead_letter: str | None, reason: str) -> None:
+        key = (msg.metadata.stream, msg.metadata.stream_seq)
+        if dead_letter is not None and key in self._dead_lettered:
+            # Copied already; this is a delivery that came again before the +TERM landed.
+            msg.term_nowait(f"poison message in pipeline {self.pipeline.name}: {reason}"[:200])
+            self.stats.terms += 1
+            return
         if dead_letter is not None:
             try:
                 await self._dead_letter(dead_letter, msg, reason)
@@ -328,6 +355,9 @@ class AckTracker(Actor[_Poison | _Wake]):
                 self.stats.naks += 1
                 return
             self.stats.dead_lettered += 1
+            self._dead_lettered[key] = None
+            while len(self._dead_lettered) > REMEMBERED_DEAD_LETTERS:
+                del self._dead_lettered[next(iter(self._dead_lettered))]
         else:
             # Terminated with no copy anywhere but the stream: said loudly, counted, and
             # `headrace run` exits non-zero at the end unless the pipeline allows it.
