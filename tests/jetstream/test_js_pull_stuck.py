@@ -143,7 +143,7 @@ async def test_a_consume_whose_acks_are_refused_ends_with_ack_refused(nats_serve
     async with connect(server.url, **FAST, **worker) as nc:
         js = JetStream(nc)
         consumer = await setup_pull(js, ack_wait=30)
-        await publish_n(js, 5)
+        await publish_n(js, 200)
         taken = []
         with trio.fail_after(5), pytest.raises(AckRefused) as caught:
             async with consumer.consume(max_messages=2, expires=5) as messages:
@@ -155,8 +155,9 @@ async def test_a_consume_whose_acks_are_refused_ends_with_ack_refused(nats_serve
         assert error.subject.startswith("$JS.ACK.S.C.")
         assert error.subject in str(error)
         assert isinstance(error.__cause__, PermissionViolation)
-        # It stopped at the first refusal: not every message went through a refused ack.
-        assert 1 <= len(taken) < 5
+        # It stopped soon after the first refusal (the server's -ERR takes a round trip, in
+        # which a loaded machine may take a few more): not every message was taken.
+        assert 1 <= len(taken) < 200
         # The server never recorded an ack.
         admin = {"user": "admin", "password": "admin-secret"}
         async with connect(server.url, **admin) as admin_nc:

@@ -491,6 +491,7 @@ class ConsumeBuffer(Actor[_Control]):
             if not self._sub.is_closed and not nc.is_closed:
                 await self._sub.unsubscribe()
 
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the app (shutdown.py)
     async def _forward(self, connection_events: EventWatcher[Any]) -> None:
         async for event in connection_events:
             if isinstance(event, Connected | Disconnected | Reconnected):

@@ -271,6 +271,7 @@ class AckTracker(Actor[_Poison | _Wake]):
                 else:  # a source bound: its ack_wait may call for an earlier scan
                     self._rescan.set()
 
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the app (shutdown.py)
     async def _scan_loop(self) -> None:
         next_scan = trio.current_time() + self._scan_interval()
         while True:

@@ -190,6 +190,7 @@ class SourceStage(Stage):
             # else: let the drain finish (a push subscription's drain waits for its acks,
             # which the stages downstream are about to produce)
 
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the app (shutdown.py)
     async def _drain_when_asked(self, messages: Any) -> None:
         await self._drain_requested.wait()
         await messages.drain()
@@ -285,6 +286,7 @@ class OperatorStage(Stage):
 
         limiter = trio.CapacityLimiter(node.concurrency)
 
+        @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the app (shutdown.py)
         async def limited(fn: Any, *args: Any) -> None:
             async with limiter:
                 await fn(*args)
