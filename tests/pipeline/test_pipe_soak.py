@@ -1,4 +1,4 @@
-"""A soak: for a minute and a half (``HEADRACE_SOAK_SECONDS``), messages are published while a
+"""A soak: for three minutes (``HEADRACE_SOAK_SECONDS``), messages are published while a
 pipeline writes them to a jsonl sink that fails one batch in ten at random, half of the time
 before it writes anything and half of the time after its write was committed and published
 (the answer lost on the way back). The output must be exact: every message once, nothing
@@ -25,7 +25,7 @@ from headrace.pipeline import Batch, BatchPolicy, SinkRetry
 from headrace.sinks import JsonlSink
 from pipe_support import FAST, add_stream, connect, fast_pipeline, source, wait_consumer
 
-SECONDS = float(os.environ.get("HEADRACE_SOAK_SECONDS", "90"))
+SECONDS = float(os.environ.get("HEADRACE_SOAK_SECONDS", "180"))
 #: Messages published every PERIOD seconds while the soak lasts.
 BURST, PERIOD = 250, 0.25
 
