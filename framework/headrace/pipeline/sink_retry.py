@@ -149,7 +149,9 @@ class BatchCommitter:
         alone while others committed) is written alone, after the rest: when it comes back
         (redelivered after its nak) it fails alone again and is poison at once, instead of
         holding its new batch up, or, alone in a batch, passing for an outage."""
-        known = [m for m in by_message(records) if _key(m) in self._bad]
+        # (Only when some message was found bad: grouping a batch by message and reading each
+        # one's metadata cost a third of the pipeline's time per message when done always.)
+        known = [m for m in by_message(records) if _key(m) in self._bad] if self._bad else []
         if known:
             suspects = {id(r) for m in known for r in m}
             rest = [r for r in records if id(r) not in suspects]
