@@ -2,6 +2,25 @@
 
 A JetStream message is acked only after every record derived from it was committed by every
 sink it reached (the ack tracker); cancelling a pipeline drains it. See docs/pipelines.md.
+
+The route of a message, top to bottom (docs/architecture.md section 3 has the whole path):
+
+1. ``SourceStage._pump`` (stages.py) asks ``AckTracker.wait_room`` how many it may take, takes
+   that many from its consume buffer, and reports them: ``admit`` makes a ``Delivery`` and a
+   ``Record`` per message (record.py).
+2. Operator stages run on whole lists and report facts only: ``failed`` (nak, poison),
+   ``release`` (dropped by a filter), ``expanded`` (a flat_map made several), ``forked`` (a
+   stage fanned out to several).
+3. ``BatcherStage`` cuts batches between messages; ``SinkStage`` writes them through its
+   ``BatchCommitter`` (sink_retry.py: retries, bisection) and reports ``committed`` or
+   ``failed``.
+4. The tracker alone changes a delivery's state: when its last record is settled it is acked
+   (one ``ack_all`` per batch), naked, or made poison (dead letter, then +TERM). Its own task
+   sends +WPI for what is held, and asks each pull source (through the ``keep_alive`` callable
+   it was given, nothing more) to do so for what still waits in its buffer.
+
+Acks flow one way: stages tell the tracker what happened; nothing reads or changes the
+tracker's counts but the tracker.
 """
 
 from headrace.pipeline.ack_tracker import AckTracker, PoisonTerminated

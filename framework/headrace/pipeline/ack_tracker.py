@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -90,6 +90,11 @@ class _Wake:
     """A source learned its ack_wait: the scan interval may have become shorter."""
 
 
+#: A source's way to send +WPI for the messages waiting in its consume buffer that arrived
+#: before a moment (``trio.current_time()`` units); returns how many it sent.
+KeepAlive = Callable[[float], int]
+
+
 class AckTracker(Actor[_Poison | _Wake]):
     def __init__(self, pipeline: Pipeline, js: JetStream, stats: PipelineStats) -> None:
         super().__init__("ack-tracker", inbox_size=math.inf)
@@ -105,8 +110,10 @@ class AckTracker(Actor[_Poison | _Wake]):
         # Deliveries by arrival, in the groups they arrived in, for the +WPI scan; settled groups
         # leave from the front as they complete, so only what is in flight is kept.
         self._groups: deque[_Group] = deque()
-        #: Each pull source's consume buffer, kept alive by the same scan.
-        self.buffers: dict[str, Any] = {}
+        #: How each pull source keeps alive the messages still waiting in its consume buffer
+        #: (``keep_alive(older_than) -> +WPI sent``), called by the same scan: the one narrow
+        #: way the tracker reaches back to a source, instead of holding its buffer.
+        self.keep_alives: dict[str, KeepAlive] = {}
         self._rescan = trio.Event()
         #: Poison messages whose dead-letter copy and +TERM are still to come: kept alive by
         #: the +WPI scan meanwhile, or a slow dead letter would let the server deliver them
@@ -119,11 +126,14 @@ class AckTracker(Actor[_Poison | _Wake]):
         #: Told of failures worth a line in the run's errors (``PipelineRun.report_error``).
         self.report: Callable[[str, BaseException], None] = lambda _stage, _error: None
 
-    def learn_ack_wait(self, source: str, ack_wait: float, buffer: Any = None) -> None:
-        """A source bound its consumer: scan for +WPI at a quarter of its ack_wait."""
+    def learn_ack_wait(
+        self, source: str, ack_wait: float, keep_alive: KeepAlive | None = None
+    ) -> None:
+        """A source bound its consumer: scan for +WPI at a quarter of its ack_wait;
+        ``keep_alive``: how to keep alive what waits in its consume buffer (pull sources)."""
         self.ack_wait[source] = ack_wait
-        if buffer is not None:
-            self.buffers[source] = buffer
+        if keep_alive is not None:
+            self.keep_alives[source] = keep_alive
         self.tell(_Wake())
 
     # -- reports from the other actors (synchronous) ------------------------------------------
@@ -147,6 +157,16 @@ class AckTracker(Actor[_Poison | _Wake]):
             if last.num_delivered > 1 or msgs[0].metadata.num_delivered > 1:
                 stats.redeliveries += sum(1 for m in msgs if m.metadata.num_delivered > 1)
         return [Record(m.data, d) for m, d in zip(msgs, deliveries, strict=True)]
+
+    def forked(self, records: list[Record], copies: int) -> None:
+        """Each of ``records`` goes on as ``copies`` records (a fan-out to several stages):
+        its message waits for every copy."""
+        for record in records:
+            record.delivery.pending += copies - 1
+
+    def expanded(self, record: Record, count: int) -> None:
+        """``record`` became ``count`` records (a flat_map; at least one: none is a drop)."""
+        record.delivery.pending += count - 1
 
     def release(self, records: list[Record]) -> None:
         """Records that end without a sink (a filter dropped them, a flat_map made none):
@@ -248,11 +268,12 @@ class AckTracker(Actor[_Poison | _Wake]):
             self._room.unpark_all()
         return naked
 
-    async def wait_room(self, source: str, limit: int) -> None:
-        """Wait while ``source`` has ``limit`` or more messages in the pipeline: the bound on
-        memory, whatever the stages' inboxes could hold."""
+    async def wait_room(self, source: str, limit: int) -> int:
+        """Wait while ``source`` has ``limit`` or more messages in the pipeline (the bound on
+        memory, whatever the stages' inboxes could hold); how many it may take now."""
         while self.in_flight.get(source, 0) >= limit:
             await self._room.park()
+        return limit - self.in_flight.get(source, 0)
 
     # -- the actor's task: poison messages and +WPI ---------------------------------------------
 
@@ -305,8 +326,8 @@ class AckTracker(Actor[_Poison | _Wake]):
 
     def _send_in_progress(self) -> None:
         now = trio.current_time()
-        for source, buffer in self.buffers.items():
-            sent = buffer.keep_alive(now - self.ack_wait.get(source, DEFAULT_ACK_WAIT) / 2)
+        for source, keep_alive in self.keep_alives.items():
+            sent = keep_alive(now - self.ack_wait.get(source, DEFAULT_ACK_WAIT) / 2)
             self.stats.in_progress += sent
         for group in self._groups:
             if group.open <= 0:

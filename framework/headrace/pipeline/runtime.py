@@ -93,7 +93,7 @@ class PipelineRun:
                 stage = SourceStage(node, self)
                 self.sources.append(stage)
             elif node.kind == "sink":
-                batcher = BatcherStage(node)
+                batcher = BatcherStage(node, self.tracker)
                 writer = SinkStage(node, self.tracker, self)
                 batcher.downstream.append(writer)
                 self.stages[batcher.name] = batcher
@@ -115,8 +115,11 @@ class PipelineRun:
         node = source.node
         source.consumer_name = info.name
         source.bound.set()
+        buffer = source.buffer
         self.tracker.learn_ack_wait(
-            node.name, info.config.ack_wait or DEFAULT_ACK_WAIT, source.buffer
+            node.name,
+            info.config.ack_wait or DEFAULT_ACK_WAIT,
+            getattr(buffer, "keep_alive", None),  # pull sources: their consume buffer's
         )
         self.pipeline.check_max_deliver(node, info.config.max_deliver)
         limit = info.config.max_ack_pending

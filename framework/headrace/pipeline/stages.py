@@ -53,17 +53,19 @@ Item = list[Record] | _End
 class Stage(Actor[Item]):
     """An actor with downstream stages; it fans its output out to all of them."""
 
-    def __init__(self, name: str, node: Node) -> None:
+    def __init__(self, name: str, node: Node, tracker: AckTracker) -> None:
         super().__init__(name, inbox_size=INBOX_BATCHES)
         self.node = node
+        #: Told the facts of each delivery's life (taken, copied, dropped, committed, failed);
+        #: it alone does the arithmetic on them (record.py).
+        self.tracker = tracker
         self.downstream: list[Stage] = []
         self._ends = 0
 
     async def forward(self, records: list[Record]) -> None:
         k = len(self.downstream)
         if k > 1:
-            for record in records:
-                record.delivery.pending += k - 1
+            self.tracker.forked(records, k)
         for stage in self.downstream:
             await stage.send(records)
 
@@ -81,7 +83,7 @@ class SourceStage(Stage):
     """Consumes a JetStream consumer and admits its messages as records."""
 
     def __init__(self, node: Node, run: PipelineRun) -> None:
-        super().__init__(f"source:{node.name}", node)
+        super().__init__(f"source:{node.name}", node, run.tracker)
         self.run_ = run
         self.subscription: Any = None
         self.buffer: Any = None
@@ -177,9 +179,9 @@ class SourceStage(Stage):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._drain_when_asked, messages)
             while True:
-                await tracker.wait_room(name, limit)
+                room = await tracker.wait_room(name, limit)
                 try:
-                    batch = await messages.next_batch(limit - tracker.in_flight.get(name, 0))
+                    batch = await messages.next_batch(room)
                 except SubscriptionClosedError:
                     break  # drained: everything taken has been passed on
                 await self.forward(
@@ -203,8 +205,7 @@ class OperatorStage(Stage):
     """map, filter, flat_map, or merge (which passes batches through)."""
 
     def __init__(self, node: Node, tracker: AckTracker) -> None:
-        super().__init__(f"{node.kind}:{node.name}", node)
-        self.tracker = tracker
+        super().__init__(f"{node.kind}:{node.name}", node, tracker)
         fn = node.fn
         # A coroutine function, or an object whose __call__ is one (which iscoroutinefunction
         # does not see through).
@@ -322,7 +323,7 @@ class OperatorStage(Stage):
                 if not values:
                     dropped.append(record)
                     continue
-                record.delivery.pending += len(values) - 1
+                self.tracker.expanded(record, len(values))
                 out.extend(Record(v, record.delivery) for v in values)
         if dropped:
             self.tracker.release(dropped)
@@ -332,8 +333,8 @@ class OperatorStage(Stage):
 class BatcherStage(Stage):
     """Cuts batches for one sink by count, bytes and age, and hands them to its writer."""
 
-    def __init__(self, node: Node) -> None:
-        super().__init__(f"batcher:{node.name}", node)
+    def __init__(self, node: Node, tracker: AckTracker) -> None:
+        super().__init__(f"batcher:{node.name}", node, tracker)
         self._records: list[Record] = []
         self._bytes = 0
         self._first_at = math.inf
@@ -384,10 +385,9 @@ class SinkStage(Stage):
     """Writes batches to a sink and reports what was committed (or failed) to the tracker."""
 
     def __init__(self, node: Node, tracker: AckTracker, run: PipelineRun) -> None:
-        super().__init__(f"sink:{node.name}", node)
+        super().__init__(f"sink:{node.name}", node, tracker)
         # One batch waits while one is written: the batcher fills the next meanwhile.
         self._send, self.inbox = trio.open_memory_channel[Item](1)
-        self.tracker = tracker
         self.run_ = run
         self.runner = SinkRunner(node.sink_obj, node.name)
         self.committer = BatchCommitter(
