@@ -2,18 +2,26 @@
 
 An actor is started in a nursery (so its lifetime is a scope in the caller's task tree), is
 addressed by its inbox, and reports what it is doing through :attr:`Actor.state`. A full inbox is
-backpressure: :meth:`Actor.send` waits, :meth:`Actor.tell` says no. The actor runtime issue adds
-supervision (restart policies, escalation) on top of this; everything here is generic and knows
-nothing of NATS, which is why it sits below the connection layer.
+backpressure: :meth:`Actor.send` waits, :meth:`Actor.tell` says no. Everything here is generic
+and knows nothing of NATS, which is why it sits below the connection layer.
+
+There is one way to run an actor, :meth:`Actor.start` (``supervise`` is the same for
+``nursery.start``): without a policy, its error propagates as raised (the JetStream layer's
+actors, whose errors are the caller's); with one (supervision.py), it is restarted or escalates
+as :class:`~headrace.actors.policy.ActorFailed`. Its state and inbox change in this module
+only.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections import deque
 from typing import Generic, TypeVar
 
 import trio
+
+from headrace.actors.policy import ActorFailed, Restart, RestartPolicy
 
 M = TypeVar("M")
 
@@ -64,30 +72,77 @@ class Actor(Generic[M]):
         """The actor's loop; returning ends it (STOPPED), raising fails it (FAILED)."""
         raise NotImplementedError
 
-    async def start(self, nursery: trio.Nursery) -> None:
-        """Start in ``nursery``; returns once the actor is RUNNING."""
-        await nursery.start(self._main)
+    async def start(self, nursery: trio.Nursery, policy: RestartPolicy | None = None) -> None:
+        """Start in ``nursery``; returns once the actor is RUNNING. ``policy``: what a failure
+        does (supervision.py); None: the error propagates as raised, nothing restarts."""
+        await nursery.start(self.lifetime, policy)
 
-    @trio.lowlevel.enable_ki_protection  # as supervise(): see supervision.py
-    async def _main(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    # Protected from KeyboardInterrupt, with all it calls: trio hands a Ctrl-C to the
+    # application's main task instead (supervision.py, shutdown.py).
+    @trio.lowlevel.enable_ki_protection
+    async def lifetime(
+        self,
+        policy: RestartPolicy | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The actor's whole life, as a task function (:meth:`start`, ``supervise``): run,
+        and on failure restart or escalate by ``policy``. However it ends (stopped, failed,
+        cancelled, even during a restart's backoff), the inbox then refuses messages and
+        :meth:`wait_stopped` returns."""
+        try:
+            await self._run_under(policy, task_status)
+        finally:
+            if self.state in (ActorState.RUNNING, ActorState.RESTARTING, ActorState.STARTING):
+                self.state = ActorState.STOPPED
+            self._send.close()
+            self._done.set()
+
+    async def _run_under(
+        self, policy: RestartPolicy | None, task_status: trio.TaskStatus[None]
+    ) -> None:
+        failures: deque[float] = deque()
+        started = False
         with trio.CancelScope() as scope:
             self._scope = scope
-            self.state = ActorState.RUNNING
-            task_status.started()
-            try:
-                await self.run()
-            except BaseException as exc:
-                if is_cancellation(exc):
-                    self.state = ActorState.STOPPED
-                else:
+            while True:
+                self.state = ActorState.RUNNING
+                if not started:
+                    started = True
+                    task_status.started()
+                try:
+                    await self.run()
+                except BaseException as exc:
+                    if is_cancellation(exc):
+                        self.state = ActorState.STOPPED
+                        raise
                     self.state = ActorState.FAILED
+                    if not isinstance(exc, Exception):
+                        raise
                     self.error = exc
-                raise
-            finally:
-                self._done.set()
-                self._send.close()
-        if self.state is not ActorState.FAILED:
-            self.state = ActorState.STOPPED
+                    if policy is None:
+                        raise
+                    if not isinstance(policy, Restart) or not self._may_restart(
+                        policy, exc, failures
+                    ):
+                        raise ActorFailed(self.name, exc, self.restarts) from exc
+                    self.restarts += 1
+                    self.state = ActorState.RESTARTING
+                    await trio.sleep(policy.delay(self.restarts))
+                    continue
+                self.state = ActorState.STOPPED
+                return
+
+    @staticmethod
+    def _may_restart(policy: Restart, exc: Exception, failures: deque[float]) -> bool:
+        """Whether ``policy`` restarts after ``exc``: not past the restart budget, not for an
+        error that says a restart cannot help."""
+        if getattr(exc, "restartable", True) is False:
+            return False
+        now = trio.current_time()
+        failures.append(now)
+        while failures and failures[0] < now - policy.within:
+            failures.popleft()
+        return len(failures) <= policy.max_restarts
 
     def tell(self, message: M) -> bool:
         """Put ``message`` in the inbox if there is room; ``False`` if full or stopped."""
