@@ -18,7 +18,7 @@ from headrace.errors import (
     ServerError,
     StaleConnectionError,
 )
-from headrace.nats import server_errors
+from headrace.protocol import server_errors
 from headrace.nats.auth import Credentials, auth_fields, read_creds_file, sign_nonce
 from headrace.nats.delivery import DeliveryQueue, SlowConsumerPolicy
 from headrace.nats.outbound import OutboundBuffer, PongWaiter

@@ -16,6 +16,12 @@ When a session ends without being asked to, the supervisor reports ``Disconnecte
 server pool with jittered exponential backoff (first pass immediate, ADR-40), and on success
 re-sends CONNECT, then every SUB, then what was published meanwhile, before ``Reconnected``.
 
+What to say and what the server's words mean is not decided here: one sans-IO
+:class:`~headrace.protocol.session.ClientSession` per connection owns the handshake, the merged
+INFO, the PINGs outstanding, the SUB table and its replay, and the meaning of ``-ERR``. This
+module is its driver: it owns the sockets, TLS, the clock, the tasks, the server pool, the
+outbound buffer and the user-facing API, and acts on the session's notices.
+
 The supervisor and session tasks, and the calls that change the connection's state in several
 steps (queueing, subscribing, terminating), are protected from ``KeyboardInterrupt``
 (``trio.lowlevel.enable_ki_protection``): trio then delivers a Ctrl-C to the application's main
@@ -47,11 +53,8 @@ from headrace.errors import (
     PermissionViolation,
     ProtocolError,
     RequestTimeout,
-    ServerError,
-    StaleConnectionError,
     TLSError,
 )
-from headrace.nats import server_errors
 from headrace.nats.auth import Credentials, auth_fields
 from headrace.nats.delivery import SlowConsumerPolicy
 from headrace.nats.events import (
@@ -74,17 +77,19 @@ from headrace.nats.outbound import OutboundBuffer, PongWaiter
 from headrace.nats.servers import PoolEntry, ServerAddress, ServerPool, backoff_delay
 from headrace.nats.subscription import BatchHandler, Subscription
 from headrace.nats.tls import TLSConfig
-from headrace.protocol.commands import (
-    PONG,
-    encode_connect,
-    encode_hpub,
-    encode_pub,
-    encode_sub,
-    encode_unsub,
-)
-from headrace.protocol.events import Err, Event, Info, Msg, Ok, Ping, Pong, ServerInfo
+from headrace.protocol.commands import encode_hpub, encode_pub
+from headrace.protocol.events import Event, Msg, ServerInfo
 from headrace.protocol.headers import Headers, encode_header_block
 from headrace.protocol.parser import ProtocolParser
+from headrace.protocol.session import (
+    ClientSession,
+    InfoChanged,
+    Notice,
+    PongReceived,
+    SendNow,
+    ServerErrorReport,
+    SessionConfig,
+)
 
 # What a failed attempt on one server can raise; the next server is tried. ValueError covers
 # host names the resolver refuses (an IDNA UnicodeError for "a..b").
@@ -143,8 +148,20 @@ class Connection:
         )
         self._out = OutboundBuffer(options.write_buffer_size, options.reconnect_buffer_size)
         self._hub: EventHub[ConnectionEvent] = EventHub()
-        self._subs: dict[int, Subscription] = {}
-        self._next_sid = 1
+        # Every protocol decision (handshake, INFO, PING accounting, the SUB table, -ERR) is
+        # the sans-IO session's; this class does the I/O and the trio side.
+        self._session: ClientSession[Subscription] = ClientSession(
+            SessionConfig(
+                version=__version__,
+                ping_interval=options.ping_interval,
+                max_pings_out=options.max_pings_out,
+                pedantic=options.pedantic,
+                echo=not options.no_echo,
+                name=options.name,
+            )
+        )
+        #: The session's SUB table, read here to route messages (changed only through it).
+        self._subs: dict[int, Subscription] = self._session.subs
         self._status = Status.CONNECTING  # of the link: CONNECTING/CONNECTED/RECONNECTING/CLOSED
         self._draining = False
         self._connected = trio.Event()
@@ -157,7 +174,6 @@ class Connection:
         self._session_error: BaseException | None = None
         self._supervisor_scope = trio.CancelScope()
         self._supervisor_done = trio.Event()
-        self._pings_out = 0
         self._mux: RequestMux | None = None
         self._publish_denied: list[tuple[str, Callable[[PermissionViolation], None]]] = []
         self._ever_connected = False
@@ -393,9 +409,7 @@ class Connection:
         if self._draining and handler is None:
             raise NatsError("the connection is draining; no new subscriptions")
         opts = self._opts
-        sid = self._next_sid
-        cmd = encode_sub(subject, sid, queue)  # validates before anything changes
-        self._next_sid += 1
+        sid = self._session.next_sid(subject, queue)  # validates before anything changes
         sub = Subscription(
             self,
             sid,
@@ -406,8 +420,8 @@ class Connection:
             policy=slow_consumer or opts.slow_consumer_policy,
             handler=handler,
         )
-        self._subs[sid] = sub
-        if self._out.connected:
+        cmd = self._session.add(sub)
+        if cmd is not None:
             self._out.append(cmd)
         # else: the SUB goes out with all the others when the connection is (re)established.
         return sub
@@ -419,25 +433,25 @@ class Connection:
     async def _unsubscribe(self, sub: Subscription, max_msgs: int | None) -> None:
         if max_msgs is not None and max_msgs > sub.delivered:
             sub.max_msgs = max_msgs
-            if self._out.connected and sub.sid in self._subs:
-                self._out.append(encode_unsub(sub.sid, max_msgs))
-            return
-        self._forget(sub)
-        if self._out.connected and not self.is_closed:
-            self._out.append(encode_unsub(sub.sid))
-        sub._finish(None)
+            cmd = self._session.limit(sub.sid, max_msgs)
+        else:
+            cmd = self._session.unsubscribe(sub.sid)
+            sub._finish(None)
+        if cmd is not None:
+            self._out.append(cmd)
 
     def _forget(self, sub: Subscription) -> None:
-        self._subs.pop(sub.sid, None)
+        self._session.forget(sub.sid)
 
     async def _drain_subscription(self, sub: Subscription, timeout: float | None) -> None:
         limit = self._opts.drain_timeout if timeout is None else timeout
         try:
             with trio.move_on_after(limit) as scope:
                 if sub.sid in self._subs and not self.is_closed:
-                    sub._draining = True  # not re-sent if a reconnect happens meanwhile
-                    if self._out.connected:
-                        self._out.append(encode_unsub(sub.sid))
+                    # Not re-sent if a reconnect happens meanwhile.
+                    cmd = self._session.stop_replay(sub.sid)
+                    if cmd is not None:
+                        self._out.append(cmd)
                     # The server handles the UNSUB before the PING: once the PONG is back,
                     # every message it will send for this sid has been routed to the buffer.
                     # If the connection is lost instead, nothing more can come either (the
@@ -597,20 +611,13 @@ class Connection:
         self._last_address = t.entry.address
         self._last_info = t.info
         self._session_error = None
-        self._pings_out = 0
         t.entry.failed_attempts = 0
         t.entry.did_connect = True
         # Synchronously, so that no subscribe() can slip between the snapshot and the switch:
         # every SUB first, then what was queued while we were away.
-        resubs = []
-        for sub in self._subs.values():
-            if sub._draining:
-                continue
-            resubs.append(encode_sub(sub.subject, sub.sid, sub.queue, check=False))
-            if sub.max_msgs is not None:
-                resubs.append(encode_unsub(sub.sid, sub.max_msgs - sub.delivered))
+        resubs = self._session.established()
         if resubs:
-            self._out.prepend(b"".join(resubs))
+            self._out.prepend(resubs)
         self._out.set_connected(True)
         self._status = Status.CONNECTED
         self.stats.connects += 1
@@ -632,6 +639,7 @@ class Connection:
                 nursery.start_soon(self._guard, self._pinger)
         finally:
             self._session_scope = None
+            self._session.connection_lost()
             self._out.set_connected(False)
             self._transport = None
             await trio.aclose_forcefully(t.stream)
@@ -704,25 +712,25 @@ class Connection:
             await sub._deliver(batch)
 
     def _control(self, event: Event) -> None:
-        if type(event) is Ping:
-            self._out.append(PONG)
-        elif type(event) is Pong:
-            self._pings_out = 0
+        notice = self._session.receive(event)
+        if notice is not None:
+            self._act(notice)
+
+    def _act(self, notice: Notice) -> None:
+        """Do what the session asks after a control event of the reader's."""
+        if type(notice) is SendNow:
+            self._out.append(notice.data)
+        elif type(notice) is PongReceived:
             self._out.pong()
-        elif type(event) is Info:
-            self._on_info(event.info)
-        elif type(event) is Err:
-            self._on_server_error(event.message)
-        elif type(event) is Ok:
-            pass
+        elif type(notice) is InfoChanged:
+            self._on_info(notice.info)
+        elif isinstance(notice, ServerErrorReport):
+            self._on_server_error(notice)
 
     def _on_info(self, info: ServerInfo) -> None:
         t = self._transport
         if t is None:
             return
-        # An INFO sent later carries what changed (cluster URLs, lame duck); per-client fields
-        # such as the nonce appear only in the first. Merge rather than replace.
-        info = ServerInfo.from_json({**t.info.raw, **info.raw})
         t.info = info
         self._last_info = info
         added = self._pool.add_discovered(info.connect_urls, source=t.entry)
@@ -731,23 +739,20 @@ class Connection:
         if info.lame_duck_mode:
             self._hub.emit(LameDuck(t.entry.address))
 
-    def _on_server_error(self, message: str) -> None:
-        error = server_errors.classify(message)
+    def _on_server_error(self, report: ServerErrorReport[Subscription]) -> None:
+        error = report.error
         self._hub.emit(ServerErrorEvent(error))
         if isinstance(error, PermissionViolation):
             mux = self._mux
-            if error.operation == "subscription":
-                # The server dropped our interest: end the first matching subscription.
-                for sub in list(self._subs.values()):
-                    if sub.subject == error.subject and sub.queue == error.queue:
-                        self._forget(sub)
-                        sub._finish(error)
-                        if mux is not None and sub.sid == mux.sid:
-                            # The shared inbox is gone: fail its requests, make a new one next.
-                            mux.fail(error)
-                            self._mux = None
-                        break
-            else:
+            ended = report.ended
+            if ended is not None:
+                # The server dropped our interest (the session took it out of its table).
+                ended._finish(error)
+                if mux is not None and ended.sid == mux.sid:
+                    # The shared inbox is gone: fail its requests, make a new one next.
+                    mux.fail(error)
+                    self._mux = None
+            elif error.operation != "subscription":
                 if error.operation == "publish":
                     for prefix, callback in list(self._publish_denied):
                         if error.subject.startswith(prefix):
@@ -758,7 +763,7 @@ class Connection:
                     else:
                         mux.fail(error, error.subject)
             return
-        if server_errors.is_terminal(error):
+        if report.terminal:
             raise error
 
     @trio.lowlevel.enable_ki_protection
@@ -774,13 +779,10 @@ class Connection:
     @trio.lowlevel.enable_ki_protection
     async def _pinger(self) -> None:
         opts = self._opts
+        session = self._session
         while True:
             await trio.sleep(opts.ping_interval)
-            if self._pings_out >= opts.max_pings_out:
-                raise StaleConnectionError(
-                    f"{self._pings_out} PINGs unanswered over {opts.ping_interval}s intervals"
-                )
-            self._pings_out += 1
+            session.ping_due(trio.current_time())  # raises once the connection is stale
             self._out.request_ping(None)
 
     # -- handshake ----------------------------------------------------------------------------
@@ -804,44 +806,47 @@ class Connection:
             ) from None
 
     async def _handshake(self, entry: PoolEntry, tcp: trio.SocketStream) -> _Transport:
+        """Drive the session through INFO, TLS, CONNECT + PING and the PONG (ADR-40)."""
         opts = self._opts
         address = entry.address
+        session = self._session
         tls = opts.tls
-        want_tls = tls is not None or address.tls
+        tls_first = tls is not None and tls.handshake_first
         parser = ProtocolParser(opts.max_control_line)
         stream: trio.abc.Stream = tcp
-        if tls is not None and tls.handshake_first:
+        if tls_first:
+            assert tls is not None
             stream = await self._start_tls(tcp, entry, tls)
-        info, leftover = await self._read_info(stream, parser, address)
-        if not (tls is not None and tls.handshake_first):
-            if want_tls and not (info.tls_required or info.tls_available):
-                raise TLSError(f"{address} does not offer TLS, and this client requires it")
-            if want_tls or info.tls_required:
-                if leftover or parser.buffered:
-                    raise ProtocolError(f"{address} sent data after INFO before the TLS upgrade")
-                stream = await self._start_tls(tcp, entry, tls or TLSConfig())
-        fields: dict[str, Any] = {
-            "verbose": False,
-            "pedantic": opts.pedantic,
-            "tls_required": stream is not tcp,
-            "lang": "python3-headrace",
-            "version": __version__,
-            "protocol": 1,
-            "echo": not opts.no_echo,
-            "headers": True,
-            "no_responders": True,
-        }
-        if opts.name is not None:
-            fields["name"] = opts.name
-        fields.update(auth_fields(opts.credentials, address, info.nonce))
+        session.connection_made(str(address))
         try:
-            hello = encode_connect(fields) + b"PING\r\n"
-            await stream.send_all(hello)
-            self.stats.out_wire_bytes += len(hello)
-        except trio.BrokenResourceError as exc:
-            raise ConnectionResetError(f"{address} closed the connection: {exc}") from exc
-        info, leftover = await self._await_pong(stream, parser, address, info)
-        return _Transport(stream, entry, info, parser, leftover)
+            info = None
+            while info is None:
+                info = session.receive_info(parser.feed(await self._receive(stream, address)))
+            want_tls = tls is not None or address.tls
+            if session.upgrade_tls(
+                want_tls=want_tls, tls_first=tls_first, buffered=bool(parser.buffered)
+            ):
+                stream = await self._start_tls(tcp, entry, tls or TLSConfig())
+            auth = auth_fields(opts.credentials, address, info.nonce)
+            hello = session.connect_command(tls=stream is not tcp, auth=auth)
+            try:
+                await stream.send_all(hello)
+                self.stats.out_wire_bytes += len(hello)
+            except trio.BrokenResourceError as exc:
+                raise ConnectionResetError(f"{address} closed the connection: {exc}") from exc
+            leftover = None
+            while leftover is None:
+                events = parser.feed(await self._receive(stream, address))
+                leftover = session.receive_handshake(events)
+                owed = session.data_to_send()
+                if owed:
+                    await stream.send_all(owed)
+                    self.stats.out_wire_bytes += len(owed)
+        except BaseException:
+            session.connection_lost()
+            raise
+        assert session.info is not None
+        return _Transport(stream, entry, session.info, parser, leftover)
 
     async def _start_tls(
         self, tcp: trio.SocketStream, entry: PoolEntry, tls: TLSConfig
@@ -871,42 +876,6 @@ class Connection:
         self.stats.in_wire_bytes += len(data)
         return bytes(data)
 
-    async def _read_info(
-        self, stream: trio.abc.Stream, parser: ProtocolParser, address: ServerAddress
-    ) -> tuple[ServerInfo, list[Event]]:
-        while True:
-            events = parser.feed(await self._receive(stream, address))
-            if not events:
-                continue
-            first = events[0]
-            if isinstance(first, Err):
-                raise server_errors.classify(first.message)
-            if not isinstance(first, Info):
-                raise ProtocolError(f"{address} did not start with INFO but {first!r}")
-            return first.info, events[1:]
-
-    async def _await_pong(
-        self,
-        stream: trio.abc.Stream,
-        parser: ProtocolParser,
-        address: ServerAddress,
-        info: ServerInfo,
-    ) -> tuple[ServerInfo, list[Event]]:
-        while True:
-            events = parser.feed(await self._receive(stream, address))
-            for i, event in enumerate(events):
-                if isinstance(event, Pong):
-                    return info, events[i + 1 :]
-                if isinstance(event, Info):
-                    info = ServerInfo.from_json({**info.raw, **event.info.raw})
-                if isinstance(event, Err):
-                    error = server_errors.classify(event.message)
-                    if isinstance(error, ServerError) and not isinstance(error, AuthorizationError):
-                        error = ServerError(f"{address} refused the connection: {event.message}")
-                    raise error
-                if isinstance(event, Ping):
-                    await stream.send_all(PONG)
-
     # -- ending -------------------------------------------------------------------------------
 
     @trio.lowlevel.enable_ki_protection
@@ -919,9 +888,8 @@ class Connection:
         self._supervisor_scope.cancel()
         closed = self._closed_error()
         self._out.close(closed)
-        for sub in list(self._subs.values()):
+        for sub in self._session.close():
             sub._finish(None if error is None else closed)
-        self._subs.clear()
         if self._mux is not None:
             self._mux.fail(closed)
         self._closed.set()

@@ -60,7 +60,6 @@ class Subscription:
         self._closed = trio.Event()
         self._close_error: BaseException | None = None
         self._slow = False
-        self._draining = False
 
     def __repr__(self) -> str:
         queue = f", queue={self.queue!r}" if self.queue else ""
