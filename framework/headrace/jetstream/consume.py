@@ -61,12 +61,25 @@ from headrace.jetstream.errors import (
     ConsumerNotFound,
     InvalidAckReply,
     JetStreamError,
-    MessageTooLarge,
 )
 from headrace.jetstream.events import HeartbeatsMissed, PullWarning
 from headrace.jetstream.message import WPI, JsMsg, wire_size
-from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
-from headrace.jetstream.pull_status import StatusKind, classify, pending_counts, status_error
+from headrace.jetstream.pull_flow import (
+    HEARTBEAT_ALARM_FACTOR,
+    Alarm,
+    CheckConsumer,
+    Decision,
+    Ended,
+    Pull,
+    PullFlow,
+    Warn,
+    default_heartbeat,
+)
+
+# Re-exported: they were defined here before the pull flow had a module of its own.
+from headrace.jetstream.pull_flow import NO_RESPONDERS_RETRY as NO_RESPONDERS_RETRY
+from headrace.jetstream.pull_flow import WARNING_RETRY as WARNING_RETRY
+from headrace.jetstream.pull_status import pending_counts
 from headrace.nats.events import (
     Closed,
     Connected,
@@ -81,10 +94,6 @@ if TYPE_CHECKING:
     from headrace.jetstream.pull_consumer import PullConsumer
 
 DEFAULT_MAX_MESSAGES = 1000
-NO_RESPONDERS_RETRY = 1.0
-#: Pause before pulling again after a warning status: the server answers the next request the
-#: same way at once (409 Exceeded MaxWaiting, say), so re-pulling at once would spin.
-WARNING_RETRY = 0.25
 
 
 def _positive_int(_inst: object, attr: attrs.Attribute[Any], value: int | None) -> None:
@@ -107,7 +116,7 @@ class ConsumeOptions:
     threshold_messages: int | None = None
     threshold_bytes: int | None = None
     #: Heartbeat alarm after this many idle_heartbeat intervals of silence (ADR-37: 2).
-    heartbeat_alarm_factor: float = 2.0
+    heartbeat_alarm_factor: float = HEARTBEAT_ALARM_FACTOR
 
     def __attrs_post_init__(self) -> None:
         if self.max_messages is not None and self.max_bytes is not None:
@@ -143,7 +152,7 @@ class ConsumeOptions:
         """idle_heartbeat, by default half of expires within [0.5 s, 30 s] (ADR-37)."""
         if self.idle_heartbeat is not None:
             return self.idle_heartbeat
-        return min(max(self.expires / 2, 0.5), 30.0)
+        return default_heartbeat(self.expires)
 
     @property
     def threshold(self) -> int:
@@ -167,15 +176,29 @@ _Control = Connected | Disconnected | Reconnected | _Retry
 
 
 class ConsumeBuffer(Actor[_Control]):
-    """The consume buffer actor of one :meth:`PullConsumer.consume` call (see module docs)."""
+    """The consume buffer actor of one :meth:`PullConsumer.consume` call (see module docs).
+
+    A trio driver over a :class:`~headrace.jetstream.pull_flow.PullFlow`, which decides every
+    request and reaction: this class holds the messages, the timers and the tasks.
+    """
 
     def __init__(self, consumer: PullConsumer, options: ConsumeOptions) -> None:
         super().__init__(f"consume-buffer:{consumer.stream}/{consumer.name}", inbox_size=256)
         self.consumer = consumer
         self.options = options
         self._nc = consumer.js.nc
-        self._next_subject = consumer.js.api_subject(
-            f"CONSUMER.MSG.NEXT.{consumer.stream}.{consumer.name}"
+        self._next_subject = consumer._next_subject
+        self._flow = PullFlow(
+            batch=options.buffer_messages,
+            max_bytes=options.max_bytes,
+            threshold=options.threshold,
+            expires=options.expires,
+            heartbeat=options.heartbeat,
+            alarm_factor=options.heartbeat_alarm_factor,
+            refill=True,
+            stream=consumer.stream,
+            consumer=consumer.name,
+            subject=self._next_subject,
         )
         self._ack_none = consumer.ack_none
         self.inbox_subject = self._nc.new_inbox()
@@ -186,23 +209,34 @@ class ConsumeBuffer(Actor[_Control]):
         #: When the oldest message of the last batch taken arrived (or was last kept alive by
         #: ``+WPI``): its ack_wait runs from then, not from when it was taken.
         self.taken_since = 0.0
-        self._buffered_bytes = 0
-        #: Messages (or bytes) requested and not yet taken by the user.
-        self.pending_msgs = 0
-        self.pending_bytes = 0
         self._getters = trio.lowlevel.ParkingLot()
-        self._error: BaseException | None = None
-        self._ended = False  # no more messages will be added
-        self._pulling = True  # False while disconnected, draining or stopped
-        self._last_activity = 0.0
-        self._retry_at: float | None = None  # after a 503 or a warning: no request before
-        self._check_exists = False  # after a 503: does the consumer still exist?
         self._hub: EventHub[ConsumeEvent] = EventHub()
         self._sub: Any = None
-        self.requests_sent = 0
-        #: Bytes mode: the smallest request worth sending, after a 409 Message Size Exceeds
-        #: MaxBytes said the next message is larger than what was asked (0: no such bound).
-        self._min_request = 0
+
+    # -- the flow's counts, read by tests and benchmarks --------------------------------------
+
+    @property
+    def pending_msgs(self) -> int:
+        """Messages requested and not yet taken by the user."""
+        return self._flow.pending_msgs
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes requested and not yet taken by the user (bytes mode)."""
+        return self._flow.pending_bytes
+
+    @property
+    def _buffered_bytes(self) -> int:
+        return self._flow.buffered_bytes
+
+    @property
+    def requests_sent(self) -> int:
+        return self._flow.requests_sent
+
+    @property
+    def _ended(self) -> bool:
+        """No more messages will be added (stopped, drained or failed)."""
+        return self._flow.ended
 
     # -- the user's side ----------------------------------------------------------------------
 
@@ -237,10 +271,11 @@ class ConsumeBuffer(Actor[_Control]):
         if max_msgs is not None and max_msgs < 1:
             raise ValueError(f"max_msgs must be at least 1, not {max_msgs}")
         buf = self._buf
+        flow = self._flow
         while not buf:
-            if self._ended:
-                if self._error is not None:
-                    raise self._error
+            if flow.ended:
+                if flow.error is not None:
+                    raise flow.error
                 raise SubscriptionClosedError(f"{self.name} has ended")
             await self._getters.park()
         if max_msgs is None or max_msgs >= len(buf):
@@ -249,12 +284,7 @@ class ConsumeBuffer(Actor[_Control]):
         else:
             taken = [buf.popleft() for _ in range(max_msgs)]
         self._forget_arrivals(len(taken))
-        if self.options.bytes_mode:
-            size = sum(map(wire_size, taken))
-            self._buffered_bytes -= size
-            self.pending_bytes -= size
-        else:
-            self.pending_msgs -= len(taken)
+        flow.taken(len(taken), sum(map(wire_size, taken)) if flow.max_bytes is not None else 0)
         if self._pull():
             # Let the writer send the request now: otherwise it waits in the outbound buffer
             # until this task next yields, after the user has processed the whole batch, and
@@ -306,136 +336,67 @@ class ConsumeBuffer(Actor[_Control]):
     # -- requests -----------------------------------------------------------------------------
 
     def _pull(self) -> bool:
-        """Publish a pull request for what is missing, if the threshold has been reached;
-        return whether one was sent."""
-        if not self._pulling or self._ended or not self._nc.is_connected:
-            # (is_connected too: the Disconnected event reaches this actor a moment late, and a
-            # request queued meanwhile would go out next to the reconnect's own.)
+        """Publish the pull request the flow asks for, if any; return whether one was sent."""
+        nc = self._nc
+        request = self._flow.pull(trio.current_time(), nc.is_connected)
+        if request is None:
             return False
-        if self._retry_at is not None:
-            if trio.current_time() < self._retry_at:
-                return False
-            self._retry_at = None
-        opts = self.options
-        # Whether the server owed us anything before this request: if not, the heartbeat
-        # clock starts with it (taken before the pending counts grow, or it is always true).
-        owed = self._outstanding()
-        if opts.bytes_mode:
-            assert opts.max_bytes is not None
-            if self.pending_bytes > opts.threshold:
-                return False
-            want = opts.max_bytes - self.pending_bytes
-            if want <= 0 or want < self._min_request:
-                return False
-            request = PullRequest(
-                batch=BYTES_MODE_BATCH,
-                max_bytes=want,
-                expires=opts.expires,
-                idle_heartbeat=opts.heartbeat,
-            )
-            self.pending_bytes += want
-        else:
-            if self.pending_msgs > opts.threshold:
-                return False
-            want = opts.buffer_messages - self.pending_msgs
-            if want <= 0:
-                return False
-            request = PullRequest(batch=want, expires=opts.expires, idle_heartbeat=opts.heartbeat)
-            self.pending_msgs += want
-        if not owed:
-            self._last_activity = trio.current_time()
-        self._nc.publish_nowait(self._next_subject, request.encode(), self.inbox_subject)
-        self.requests_sent += 1
+        nc.publish_nowait(self._next_subject, request.encode(), self.inbox_subject)
         return True
 
-    def _outstanding(self) -> bool:
-        """Whether the server still owes us messages (the heartbeat timer runs only then)."""
-        if self.options.bytes_mode:
-            return self.pending_bytes > self._buffered_bytes
-        return self.pending_msgs > len(self._buf)
-
-    def _reset_pending(self) -> None:
-        """Forget outstanding requests: count only what is buffered (ADR-37 on reconnect)."""
-        self.pending_msgs = len(self._buf)
-        self.pending_bytes = self._buffered_bytes
+    def _act(self, decision: Decision) -> None:
+        """Do what the flow decided (on a status, a reconnect or a heartbeat alarm)."""
+        if isinstance(decision, Pull):
+            self._pull()
+        elif isinstance(decision, Warn):
+            self._hub.emit(PullWarning(self.consumer.name, decision.status, decision.description))
+            self.tell(_Retry())  # wake the control loop so it recomputes its deadline
+        elif isinstance(decision, Alarm):
+            self._hub.emit(HeartbeatsMissed(self.consumer.name, decision.silence))
+            self._pull()
+        elif isinstance(decision, Ended):
+            self._end()
+        # CheckConsumer comes only from the control loop, which handles it itself.
 
     # -- the reader's side (runs in the connection's reader task: must not block) -------------
 
     def _on_batch(self, batch: list[Msg]) -> None:
-        now = self._last_activity = trio.current_time()
+        # One call into the flow per read (and one per status, which are rare); the loops count
+        # what they append, the flow does the arithmetic.
+        now = trio.current_time()
+        flow = self._flow
         buf = self._buf
-        before = len(buf)
-        if self.options.bytes_mode:
+        before = counted = len(buf)
+        nbytes = 0
+        if flow.max_bytes is not None:
             for msg in batch:
                 if msg.reply is not None:
                     buf.append(msg)
-                    self._buffered_bytes += wire_size(msg)
-                    self._min_request = 0  # the head of the consumer moved
+                    nbytes += wire_size(msg)
                 else:
-                    self._on_status(msg)
+                    flow.received(len(buf) - counted, nbytes, now)
+                    counted, nbytes = len(buf), 0
+                    self._on_status(msg, now)
         else:
             for msg in batch:
                 if msg.reply is not None:
                     buf.append(msg)
                 else:
-                    self._on_status(msg)
+                    flow.received(len(buf) - counted, 0, now)
+                    counted = len(buf)
+                    self._on_status(msg, now)
+        flow.received(len(buf) - counted, nbytes, now)
         added = len(buf) - before
         if added:
             self._arrivals.append([now, added])
             self._getters.unpark_all()
 
-    def _on_status(self, msg: Msg) -> None:
+    def _on_status(self, msg: Msg, now: float) -> None:
         status = msg.status
         if status is None:
             return  # neither a JetStream message nor a status: not ours to judge, drop it
-        description = msg.description
-        kind = classify(status, description)
-        if kind is StatusKind.HEARTBEAT:
-            return
         gone_msgs, gone_bytes = pending_counts(msg)
-        # What the request had left: the header, or (older servers) all that was outstanding.
-        refused = gone_bytes or self.pending_bytes - self._buffered_bytes
-        self.pending_msgs = max(self.pending_msgs - gone_msgs, len(self._buf))
-        self.pending_bytes = max(self.pending_bytes - gone_bytes, self._buffered_bytes)
-        if kind is StatusKind.ERROR:
-            self._fail(status_error(status, description))
-            return
-        if kind is StatusKind.TOO_LARGE and self.options.bytes_mode:
-            self._too_large(description, refused)
-            return
-        if kind is StatusKind.RESET:
-            # The consumer's leader moved: waiting requests are gone. Count only what we hold
-            # and ask the new leader at once (waiting for a heartbeat alarm would stall).
-            self._reset_pending()
-            self._pull()
-            return
-        if kind is StatusKind.WARNING:
-            # The request was refused (Exceeded Max*): what it asked for will not come. Count
-            # only what is held and ask again shortly (at once would be refused the same way).
-            self._hub.emit(PullWarning(self.consumer.name, status, description))
-            self._reset_pending()
-            self._retry_later(WARNING_RETRY)
-            return
-        if kind is StatusKind.NO_RESPONDERS:
-            self._hub.emit(PullWarning(self.consumer.name, status, description or "No Responders"))
-            self._reset_pending()
-            self._check_exists = True
-            self._retry_later(NO_RESPONDERS_RETRY)
-            return
-        self._pull()
-
-    def _too_large(self, description: str, refused: int) -> None:
-        """The next message is larger than ``refused``, the bytes its request had left: ask
-        again only for more than that, and end the consume if even ``max_bytes`` is not more
-        (see the module docs)."""
-        max_bytes = self.options.max_bytes
-        assert max_bytes is not None
-        if refused >= max_bytes:
-            consumer = self.consumer
-            self._fail(MessageTooLarge(description, consumer.stream, consumer.name, max_bytes))
-            return
-        self._min_request = max(self._min_request, refused + 1)
-        self._pull()  # sent only if the buffer has room for more than that already
+        self._act(self._flow.status(status, msg.description, gone_msgs, gone_bytes, now))
 
     def _on_publish_denied(self, violation: PermissionViolation) -> None:
         """The server refused a ``$JS.ACK`` publish: if it is this consumer's, end now."""
@@ -451,21 +412,15 @@ class ConsumeBuffer(Actor[_Control]):
         # Nothing more is handed out: its acks would be refused too, and it would come back.
         self._buf.clear()
         self._arrivals.clear()
-        self._buffered_bytes = 0
+        self._flow.dropped()
         self._fail(error)
 
-    def _retry_later(self, delay: float) -> None:
-        """No request before ``delay`` seconds from now; the control loop pulls then."""
-        self._retry_at = trio.current_time() + delay
-        self.tell(_Retry())  # wake the control loop so it recomputes its deadline
-
     def _fail(self, error: BaseException) -> None:
-        self._error = error
+        self._flow.fail(error)
         self._end()
 
     def _end(self) -> None:
-        self._pulling = False
-        self._ended = True
+        self._flow.end()
         self._getters.unpark_all()
         self._hub.close()
         self.tell(_Retry())  # wake the control loop, so the actor stops now
@@ -483,7 +438,7 @@ class ConsumeBuffer(Actor[_Control]):
                     if nc.is_connected:
                         self._pull()
                     else:
-                        self._pulling = False
+                        self._flow.pause()
                     await self._control_loop()
                     nursery.cancel_scope.cancel()
         finally:
@@ -499,38 +454,23 @@ class ConsumeBuffer(Actor[_Control]):
             elif isinstance(event, Closed):
                 break
         # The connection is closed for good (its events end with it): so is this consume.
-        if not self._ended:
+        if not self._flow.ended:
             self._fail(self._nc._closed_error())
 
     async def _control_loop(self) -> None:
         inbox = self.inbox
-        hb = self.options.heartbeat
-        alarm_after = hb * self.options.heartbeat_alarm_factor
-        while not self._ended:
-            # Wake at least every heartbeat interval: requests sent from the user's task change
-            # what is outstanding without telling this loop.
-            deadline = trio.current_time() + hb
-            if self._pulling and self._outstanding():
-                deadline = min(deadline, self._last_activity + alarm_after)
-            if self._retry_at is not None:
-                deadline = min(deadline, self._retry_at)
-            with trio.move_on_at(deadline):
+        flow = self._flow
+        while not flow.ended:
+            with trio.move_on_at(flow.deadline(trio.current_time())):
                 self._on_control(await inbox.receive())
                 continue
-            now = trio.current_time()
-            if self._retry_at is not None and now >= self._retry_at:
-                # Cleared here, not by _pull: while pulling is paused _pull returns early, and
-                # a retry time left in the past would make this loop spin.
-                self._retry_at = None
-                if self._check_exists:
-                    self._check_exists = False
-                    if await self._consumer_gone():
-                        return
+            decision = flow.timer(trio.current_time())
+            if isinstance(decision, CheckConsumer):
+                if await self._consumer_gone():
+                    return
                 self._pull()
-            elif self._pulling and self._outstanding() and now - self._last_activity >= alarm_after:
-                self._hub.emit(HeartbeatsMissed(self.consumer.name, now - self._last_activity))
-                self._reset_pending()
-                self._pull()
+            else:
+                self._act(decision)
 
     async def _consumer_gone(self) -> bool:
         """After a 503: a deleted consumer gets no responder for its pull requests either, and
@@ -554,12 +494,9 @@ class ConsumeBuffer(Actor[_Control]):
 
     def _on_control(self, message: _Control) -> None:
         if isinstance(message, Disconnected):
-            self._pulling = False  # heartbeat timer paused, no requests
+            self._flow.pause()  # heartbeat timer paused, no requests
         elif isinstance(message, Connected | Reconnected) and self.state is not ActorState.DRAINING:
-            self._pulling = True
-            self._reset_pending()
-            self._last_activity = trio.current_time()
-            self._pull()
+            self._act(self._flow.resume(trio.current_time()))
         # _Retry only wakes the loop, which recomputes its deadline.
 
     # -- stopping -----------------------------------------------------------------------------
@@ -568,7 +505,7 @@ class ConsumeBuffer(Actor[_Control]):
         """Stop requesting; let what the server already sent arrive; iteration then ends once
         the buffered messages have been read (ADR-37 drain)."""
         self.state = ActorState.DRAINING
-        self._pulling = False
+        self._flow.pause()
         sub = self._sub
         try:
             if sub is not None and not sub.is_closed:
@@ -578,6 +515,6 @@ class ConsumeBuffer(Actor[_Control]):
 
     def close(self) -> None:
         """Stop at once: no more requests or messages; buffered messages can still be read."""
-        self._pulling = False
+        self._flow.pause()
         self._end()
         self.stop()

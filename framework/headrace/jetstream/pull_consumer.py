@@ -18,15 +18,11 @@ from headrace.actors.nursery import open_actor_nursery
 from headrace.errors import NatsError, NoRespondersError
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeOptions
 from headrace.jetstream.consumer_config import AckPolicy, ConsumerInfo
-from headrace.jetstream.errors import (
-    ConsumerNotFound,
-    JetStreamError,
-    JetStreamUnavailable,
-    MessageTooLarge,
-)
+from headrace.jetstream.errors import ConsumerNotFound, JetStreamError, JetStreamUnavailable
 from headrace.jetstream.message import JsMsg, OutstandingAcks, wire_size
-from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
-from headrace.jetstream.pull_status import StatusKind, classify, status_error
+from headrace.jetstream.pull_flow import PullFlow, default_heartbeat
+from headrace.jetstream.pull_request import BYTES_MODE_BATCH, msg_next_api
+from headrace.jetstream.pull_status import pending_counts
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
@@ -96,65 +92,58 @@ class PullConsumer:
         if max_messages is not None and max_bytes is not None:
             raise ValueError("give max_messages or max_bytes, not both")
         if idle_heartbeat is None and expires > 30 and not no_wait:
-            idle_heartbeat = min(max(expires / 2, 0.5), 30.0)
-        request = PullRequest(
+            idle_heartbeat = default_heartbeat(expires)
+        bytes_mode = max_bytes is not None
+        subject = self._next_subject
+        flow = PullFlow(
             batch=max_messages if max_messages is not None else BYTES_MODE_BATCH,
             max_bytes=max_bytes,
             expires=None if no_wait else expires,
+            heartbeat=idle_heartbeat,
             no_wait=no_wait,
-            idle_heartbeat=idle_heartbeat,
+            refill=False,
+            stream=self.stream,
+            consumer=self.name,
+            subject=subject,
         )
         nc = self.js.nc
         inbox = nc.new_inbox()
+        request = flow.pull(trio.current_time(), connected=True)
+        assert request is not None  # a new flow asks once (it validated the request too)
         got: list[Msg] = []
-        state: dict[str, Any] = {"bytes": 0, "error": None, "last": trio.current_time()}
         done = trio.Event()
 
         def on_batch(batch: list[Msg]) -> None:
-            state["last"] = trio.current_time()
+            now = trio.current_time()
+            flow.received(0, 0, now)  # any word from the server is activity
             for msg in batch:
-                if done.is_set():
+                if done.is_set():  # (not flow.ended: what comes after an alarm is still kept)
                     return
                 if msg.reply is not None:
                     got.append(msg)
-                    if max_bytes is not None:
-                        state["bytes"] += wire_size(msg)
-                        if state["bytes"] >= max_bytes:
-                            done.set()
-                    elif len(got) >= request.batch:
+                    if flow.received(1, wire_size(msg) if bytes_mode else 0, now) is not None:
                         done.set()
                     continue
                 status = msg.status
                 if status is None:
                     continue
-                kind = classify(status, msg.description)
-                if kind is StatusKind.HEARTBEAT:
-                    continue
-                if kind is StatusKind.ERROR:
-                    state["error"] = status_error(status, msg.description)
-                elif kind is StatusKind.TOO_LARGE and max_bytes is not None and not got:
-                    # Nothing fitted the whole max_bytes: the next message never will, and
-                    # returning nothing would have the caller ask again in a loop.
-                    state["error"] = MessageTooLarge(
-                        msg.description, self.stream, self.name, max_bytes
-                    )
-                elif kind is StatusKind.NO_RESPONDERS:
-                    state["error"] = NoRespondersError(self._next_subject)
-                done.set()  # any other status ends this request (RESET included)
+                if flow.status(status, msg.description, *pending_counts(msg), now) is not None:
+                    done.set()
 
         sub = nc.subscribe_nowait(inbox, handler=on_batch)
         try:
-            await nc.publish(self._next_subject, request.encode(), reply=inbox)
+            await nc.publish(subject, request.encode(), reply=inbox)
             limit = (0 if no_wait else expires) + CLIENT_MARGIN
             with trio.move_on_after(limit):
-                if idle_heartbeat is None:
-                    await done.wait()
-                else:
-                    await self._wait_with_heartbeats(done, state, idle_heartbeat)
+                while not done.is_set():
+                    with trio.move_on_at(flow.deadline(trio.current_time())):
+                        await done.wait()
+                    if not done.is_set() and flow.timer(trio.current_time()) is not None:
+                        break  # heartbeats missed: the request is lost, conclude the fetch
         finally:
             if not nc.is_closed:
                 await sub.unsubscribe()
-        error = state["error"]
+        error = flow.error
         if error is not None and not got:
             if isinstance(error, NoRespondersError):
                 raise await self._explain_no_responders(error)
@@ -179,16 +168,6 @@ class PullConsumer:
             f"{self.stream!r} although it exists: JetStream may be electing a leader; retry"
         )
 
-    async def _wait_with_heartbeats(
-        self, done: trio.Event, state: dict[str, Any], idle_heartbeat: float
-    ) -> None:
-        alarm = 2 * idle_heartbeat
-        while not done.is_set():
-            with trio.move_on_at(state["last"] + alarm):
-                await done.wait()
-            if not done.is_set() and trio.current_time() - state["last"] >= alarm:
-                return  # two heartbeats missed: the request is lost, conclude the fetch
-
     async def next(self, *, expires: float = DEFAULT_FETCH_EXPIRES) -> JsMsg | None:
         """One message, or ``None`` when none arrived before the request expired."""
         batch = await self.fetch(1, expires=expires)
@@ -196,7 +175,7 @@ class PullConsumer:
 
     @property
     def _next_subject(self) -> str:
-        return self.js.api_subject(f"CONSUMER.MSG.NEXT.{self.stream}.{self.name}")
+        return self.js.api_subject(msg_next_api(self.stream, self.name))
 
     # -- consume ------------------------------------------------------------------------------
 

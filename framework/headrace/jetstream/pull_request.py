@@ -14,6 +14,13 @@ import attrs
 
 from headrace.jetstream.codec import seconds_to_ns
 
+
+def msg_next_api(stream: str, consumer: str) -> str:
+    """The API subject a pull request is published to, without the JetStream API prefix (the
+    context's ``api_subject`` adds it: ``$JS.API.`` or a domain's)."""
+    return f"CONSUMER.MSG.NEXT.{stream}.{consumer}"
+
+
 #: Bytes mode asks for this many messages, so only max_bytes limits the batch (ADR-37).
 BYTES_MODE_BATCH = 1_000_000
 
