@@ -1,5 +1,7 @@
 # headrace developer commands. The README's quickstart is `make demo` and `make test`;
-# both create the project-local .venv on first use (and again when pyproject.toml changes).
+# both create the project-local .venv on first use (and again when a pyproject.toml changes).
+# Three distributions, installed editable in one pip command (so that headrace's `spark` extra
+# resolves to the local plugin): headrace, the Spark plugin and the benchmarks.
 
 PYTHON ?= python3
 VENV := .venv
@@ -8,10 +10,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test fast lint typecheck bench anchors clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml plugins/headrace_spark/pyproject.toml bench/pyproject.toml
 	@scripts/check-prereqs $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]' -e plugins/headrace_spark -e bench
 	@touch $@
 
 ## The main job: JetStream orders -> pipeline -> Spark parquet in ./headrace-demo, checked.
@@ -28,6 +30,9 @@ fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+typecheck: $(STAMP)
 	$(BIN)/mypy
 
 ## Same-run comparisons with the peers (bench/README.md). The consume benchmark's --anchors

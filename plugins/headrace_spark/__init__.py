@@ -1,7 +1,9 @@
 """headrace's Spark sink plugin: pipeline batches into parquet or tables through PySpark.
 
-Registered as sink ``spark`` (entry point group ``headrace.sinks``); installed with the ``spark``
-extra. See docs/spark.md.
+A distribution of its own, ``headrace-spark`` (this directory's pyproject.toml), written as any
+plugin would be: it registers the sink ``spark`` (entry-point group ``headrace.sinks``) and the
+command ``headrace demo`` (group ``headrace.commands``: :mod:`headrace_spark.cli`), and headrace
+never imports it by name. ``pip install 'headrace[spark]'`` installs it. See docs/spark.md.
 """
 
 from __future__ import annotations

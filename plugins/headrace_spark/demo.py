@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 import attrs
 import trio
+from headrace.errors import HeadraceError
 
 STREAM = "HEADRACE_DEMO"
 SUBJECT_PREFIX = "headrace.demo.orders"
@@ -46,7 +47,7 @@ WARMUP_ROWS = 5_000
 STALL_SECONDS = 120.0
 
 
-class DemoError(Exception):
+class DemoError(HeadraceError):
     """The demo could not run (a prerequisite, the server, the output directory)."""
 
 

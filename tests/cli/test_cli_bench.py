@@ -4,11 +4,12 @@ anything starts (no servers, no Spark)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 from cli_support import HEADRACE
-from headrace.benchmarks import e2e
 from headrace.cli.main import build_parser
+from headrace_bench import e2e
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,3 +73,19 @@ def test_orders_are_json_of_the_announced_size() -> None:
         assert subject.startswith("orders.")
         assert json.loads(body)["order_id"] == f"o-{i:09d}"
         assert 100 <= len(body) <= 200
+
+
+def test_the_old_import_path_warns_and_still_works() -> None:
+    probe = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n    import headrace.benchmarks\nexcept DeprecationWarning as w:\n    print(w)\n"
+        "warnings.simplefilter('ignore')\n"
+        "from headrace.benchmarks import consume; import headrace_bench.consume as moved\n"
+        "print(consume is moved)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    warning, same = done.stdout.splitlines()
+    assert "headrace.benchmarks moved to headrace_bench" in warning
+    assert same == "True"

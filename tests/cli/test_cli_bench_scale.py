@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from cli_support import HEADRACE
-from headrace.benchmarks import scale
 from headrace.cli.main import build_parser
+from headrace_bench import scale
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,9 @@
 """``headrace``: the command-line entry point.
 
-Subcommands are added by the issues that deliver them (``run``, ``demo``, ``graph``,
-``checkpoints``, ``outputs``); each lives in its own module and registers its parser here.
+The built-in subcommands (``run``, ``graph``, ``checkpoints``, ``outputs``) each live in their
+own module and register their parser here. Other distributions add theirs through the
+``headrace.commands`` entry-point group (:mod:`headrace.cli.plugins`): the Spark plugin's
+``demo`` and the benchmarks' ``bench``.
 """
 
 from __future__ import annotations
@@ -11,144 +13,6 @@ import sys
 from typing import NoReturn
 
 from headrace._version import __version__
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from headrace.localserver import LocalServerError
-
-    if args.messages is None:
-        args.messages = 10_000 if args.what == "checkpoints" else 200_000
-    if args.anchors and args.what != "consume":
-        print("headrace bench: --anchors applies to `bench consume` only", file=sys.stderr)
-        return 2
-    if args.what not in ("e2e", "scale") and args.batch is not None:
-        print(
-            "headrace bench: --batch applies to `bench e2e` and `bench scale` only",
-            file=sys.stderr,
-        )
-        return 2
-    if args.what != "e2e" and args.spark_master is not None:
-        print("headrace bench: --spark-master applies to `bench e2e` only", file=sys.stderr)
-        return 2
-    if args.what != "scale" and args.workers is not None:
-        print("headrace bench: --workers applies to `bench scale` only", file=sys.stderr)
-        return 2
-    if args.what == "e2e":
-        return _bench_e2e(args)
-    if args.what == "scale":
-        return _bench_scale(args)
-    if args.payload is None:
-        args.payload = 128
-    if args.what == "core":
-        from headrace.benchmarks import core
-
-        try:
-            core.run(args.messages, args.payload, list(core.IMPLS), args.json)
-        except LocalServerError as exc:
-            print(f"headrace bench: {exc}", file=sys.stderr)
-            return 2
-    elif args.what == "consume":
-        from headrace.benchmarks import consume
-
-        try:
-            results = consume.run(
-                args.messages,
-                args.payload,
-                anchors=args.anchors,
-                as_json=args.json,
-                buffer=args.buffer or consume.HEADRACE_BUFFER,
-            )
-        except (LocalServerError, consume.BenchmarkError) as exc:
-            print(f"headrace bench: {exc}", file=sys.stderr)
-            return 2
-        if any(r["impl"] == "headrace" and "error" in r for r in results):
-            return 1  # headrace failed a correctness check: no figure to trust
-    elif args.what == "checkpoints":
-        from headrace.benchmarks import checkpoints, consume
-
-        try:
-            results = checkpoints.run(args.messages, as_json=args.json)
-        except (LocalServerError, consume.BenchmarkError) as exc:
-            print(f"headrace bench: {exc}", file=sys.stderr)
-            return 2
-        if any(r["impl"] == "headrace-checkpoints" and "error" in r for r in results):
-            return 1
-    elif args.what == "pipeline":
-        from headrace.benchmarks import consume, pipeline
-
-        try:
-            kwargs = {"buffer": args.buffer} if args.buffer else {}
-            results = pipeline.run(args.messages, args.payload, as_json=args.json, **kwargs)
-        except (LocalServerError, consume.BenchmarkError) as exc:
-            print(f"headrace bench: {exc}", file=sys.stderr)
-            return 2
-        if any(r["impl"] == "headrace-pipeline" and "error" in r for r in results):
-            return 1
-    return 0
-
-
-def _bench_e2e(args: argparse.Namespace) -> int:
-    from headrace.benchmarks import consume, e2e
-    from headrace.localserver import LocalServerError
-
-    if args.payload is not None:
-        print(
-            "headrace bench: `bench e2e` publishes JSON orders of about 150 bytes; --payload "
-            "does not apply",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        results = e2e.run(
-            args.messages,
-            batch=args.batch or e2e.BATCH,
-            buffer=args.buffer or e2e.BUFFER,
-            spark_master=args.spark_master or "local[*]",
-            as_json=args.json,
-        )
-    except (LocalServerError, consume.BenchmarkError) as exc:
-        print(f"headrace bench: {exc}", file=sys.stderr)
-        return 2
-    if any(r["impl"].startswith("headrace") and not r.get("verified") for r in results):
-        return 1  # headrace failed a check: no figure to trust
-    return 0
-
-
-def _bench_scale(args: argparse.Namespace) -> int:
-    from headrace.benchmarks import consume, scale
-    from headrace.localserver import LocalServerError
-
-    if args.payload is not None:
-        print(
-            "headrace bench: `bench scale` publishes JSON orders of about 150 bytes; --payload "
-            "does not apply",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        results = scale.run(
-            args.messages,
-            workers=args.workers or scale.WORKERS,
-            batch=args.batch or scale.BATCH,
-            buffer=args.buffer or scale.BUFFER,
-            as_json=args.json,
-        )
-    except (LocalServerError, consume.BenchmarkError) as exc:
-        print(f"headrace bench: {exc}", file=sys.stderr)
-        return 2
-    if any(not r.get("verified") for r in results):
-        return 1  # every implementation is headrace's: a failed check leaves no figure to trust
-    return 0
-
-
-def _worker_counts(text: str) -> tuple[int, ...]:
-    """``--workers 1,2,4`` (bench scale); imported only when the option is given."""
-    from headrace.benchmarks.scale import parse_workers
-
-    try:
-        return parse_workers(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,7 +44,9 @@ def _wants_json_logs(argv: list[str]) -> bool:
     return False
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``headrace`` parser for ``argv``: with every plugin command when ``argv`` is None,
+    else only those it may need (:func:`headrace.cli.plugins.add_commands`)."""
     parser = _Parser(
         prog="headrace",
         description=(
@@ -191,85 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headrace {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    bench = commands.add_parser(
-        "bench",
-        help="measure headrace against the clients a user would pick instead",
-        description=(
-            "Benchmarks print one line (or JSON object) per implementation, measured in the "
-            "same run, with headrace's ratio against each peer and peak RSS."
-        ),
-    )
-    bench.add_argument(
-        "what",
-        choices=["core", "consume", "pipeline", "e2e", "checkpoints", "scale"],
-        help=(
-            "core: core NATS subscriber throughput vs nats-py; consume: JetStream consume "
-            "throughput (ack none and ack every message) vs nats-py fetch; pipeline: a "
-            "source-map-sink pipeline acking after commit vs the same loop in nats-py; e2e: "
-            "JetStream into Spark parquet files through SparkSink, acking after commit, vs "
-            "nats-py fetch + PySpark Rows (needs the spark extra and Java); checkpoints: "
-            "events/s through checkpointed subscriptions over 200 entities with a 1 ms handler "
-            "vs a serial nats-py loop (--messages: use 10000 or so); scale: N worker processes "
-            "sharing one consumer and one Spark output (Arrow writer, shared commits) vs one "
-            "process with the local ledger (needs the spark extra, not Java)"
-        ),
-    )
-    bench.add_argument(
-        "--messages", type=int, default=None, help="default: 200000 (checkpoints: 10000)"
-    )
-    bench.add_argument(
-        "--payload", type=int, default=None, help="bytes per message (128; not for e2e)"
-    )
-    bench.add_argument("--json", action="store_true", help="one JSON object per line")
-    bench.add_argument(
-        "--anchors",
-        action="store_true",
-        help=(
-            "consume only: also run the peer anchors (libnats, nats.js) from ../shared/anchors "
-            "against the same stream; may apt-get install libnats-dev and npm install nats@2 "
-            "(off by default: it installs software and needs the network)"
-        ),
-    )
-    bench.add_argument(
-        "--buffer",
-        type=int,
-        default=None,
-        help=(
-            "consume, pipeline, e2e and scale: headrace's consume max_messages (defaults "
-            "10000 and the pipeline benchmark's own; see bench/README.md)"
-        ),
-    )
-    bench.add_argument(
-        "--batch",
-        type=int,
-        default=None,
-        help=(
-            "e2e and scale: records per batch, every implementation (defaults: e2e 100000, "
-            "scale 10000)"
-        ),
-    )
-    bench.add_argument(
-        "--workers",
-        type=_worker_counts,
-        default=None,
-        metavar="N,N,...",
-        help="scale only: the worker counts to measure, comma-separated (default: 1,2,4)",
-    )
-    bench.add_argument(
-        "--spark-master",
-        default=None,
-        metavar="URL",
-        help="e2e only: the Spark master of both sessions (default: local[*])",
-    )
-    bench.set_defaults(func=_bench)
 
-    from headrace.cli import checkpoints, demo, graph, outputs, run
+    from headrace.cli import checkpoints, graph, outputs, plugins, run
 
     checkpoints.add_parser(commands)
-    demo.add_parser(commands)
     run.add_parser(commands)
     graph.add_parser(commands)
     outputs.add_parser(commands)
+    plugins.add_commands(commands, builtin=list(commands.choices), argv=argv)
     return parser
 
 
@@ -281,8 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         from headrace.cli.jsonlogs import JsonLogs
 
         JsonLogs(sys.stderr).install()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser = build_parser(args_given)
+    args = parser.parse_args(args_given)
     if args.command is None:
         parser.print_help()
         sys.exit(0)

@@ -22,8 +22,9 @@ import time
 from typing import Any
 
 import trio
+from headrace.localserver import LocalServer
 
-from headrace.benchmarks.consume import (
+from headrace_bench.consume import (
     MAX_ACK_PENDING,
     STREAM,
     SUBJECTS,
@@ -34,13 +35,12 @@ from headrace.benchmarks.consume import (
     _run_child,
     _settled_problems,
 )
-from headrace.localserver import LocalServer
 
 IMPLS = ("headrace-pipeline", "nats-py")
 BATCH = 1000
 BUFFER = 10_000
 NATSPY_FETCH = 500
-_ME = [sys.executable, "-m", "headrace.benchmarks.pipeline"]
+_ME = [sys.executable, "-m", "headrace_bench.pipeline"]
 
 
 def transform(data: bytes) -> bytes:
@@ -158,7 +158,7 @@ def run(
     with LocalServer(jetstream=True) as server:
         url = server.url
         sizes = ["--messages", str(messages), "--payload", str(payload)]
-        load_cmd = [sys.executable, "-m", "headrace.benchmarks.consume", "load", "--url", url]
+        load_cmd = [sys.executable, "-m", "headrace_bench.consume", "load", "--url", url]
         loader = _run_child([*load_cmd, *sizes])
         if loader.returncode != 0 or _last_json(loader) is None:
             raise BenchmarkError(f"loading the stream failed: {_failure(loader)}")
@@ -191,7 +191,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m headrace.benchmarks.pipeline")
+    parser = argparse.ArgumentParser(prog="python -m headrace_bench.pipeline")
     parser.add_argument("role", nargs="?", choices=["child"])
     parser.add_argument("--impl", choices=IMPLS, default="headrace-pipeline")
     parser.add_argument("--url")

@@ -52,8 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from headrace.localserver import LocalServer
+from headrace.pipeline.gc_tuning import tune_gc
 
-from headrace.benchmarks.consume import (
+from headrace_bench.consume import (
     BenchmarkError,
     _failure,
     _last_json,
@@ -62,8 +64,6 @@ from headrace.benchmarks.consume import (
     _settled_problems,
     _stored,
 )
-from headrace.localserver import LocalServer
-from headrace.pipeline.gc_tuning import tune_gc
 
 IMPLS = ("headrace-e2e", "headrace-e2e-arrow", "naive")
 #: The headrace implementations and the sink writer each uses.
@@ -89,7 +89,7 @@ CHILD_TIMEOUT = 900.0
 TARGET_MSG_PER_S = 100_000
 TARGET_RATIO = 5.0
 HEADERS = {"Content-Type": "application/json", "Order-Source": "web"}
-_ME = [sys.executable, "-m", "headrace.benchmarks.e2e"]
+_ME = [sys.executable, "-m", "headrace_bench.e2e"]
 
 
 class SparkUnavailable(BenchmarkError):
@@ -309,11 +309,10 @@ def _output_mb(out: Path) -> float:
 async def _run_headrace(
     impl: str, url: str, n: int, batch: int, buffer: int, spark: Any, out: Path
 ) -> dict[str, Any]:
-    from headrace_spark import CommitInfo, SparkSink
-
     from headrace.jetstream import ConsumeOptions, ConsumerConfig, JetStream
     from headrace.nats import connect
     from headrace.pipeline import BatchPolicy, JetStreamSource, Pipeline
+    from headrace_spark import CommitInfo, SparkSink
 
     name = f"e2e_headrace_{os.getpid()}"
     done = trio.Event()
@@ -617,7 +616,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m headrace.benchmarks.e2e")
+    parser = argparse.ArgumentParser(prog="python -m headrace_bench.e2e")
     parser.add_argument("role", nargs="?", choices=["child"])
     parser.add_argument("--impl", choices=IMPLS, default="headrace-e2e")
     parser.add_argument("--url")

@@ -76,10 +76,10 @@ from typing import IO, Any
 
 import attrs
 import trio
-
-from headrace.benchmarks.consume import BenchmarkError, _settled_problems
-from headrace.benchmarks.e2e import STREAM, _load
 from headrace.localserver import LocalServer
+
+from headrace_bench.consume import BenchmarkError, _settled_problems
+from headrace_bench.e2e import STREAM, _load
 
 IMPLS = ("headrace-single-writer", "headrace-scale")
 SINGLE, SCALE = IMPLS
@@ -106,7 +106,7 @@ DONE_TIMEOUT = 90.0
 PAUSED_UNTIL = "2099-01-01T00:00:00Z"
 #: The pause is ended this many seconds after the request that says so (see _resume).
 RESUME_AFTER = 0.1
-_WORKER = [sys.executable, "-m", "headrace.benchmarks.scale_worker"]
+_WORKER = [sys.executable, "-m", "headrace_bench.scale_worker"]
 
 
 class ScaleUnavailable(BenchmarkError):
@@ -624,7 +624,7 @@ def run(
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m headrace.benchmarks.scale")
+    parser = argparse.ArgumentParser(prog="python -m headrace_bench.scale")
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--workers", type=parse_workers, default=WORKERS)
     parser.add_argument("--batch", type=int, default=BATCH)

@@ -64,7 +64,6 @@ from typing import Any
 
 import attrs
 import trio
-
 from headrace.errors import HeadraceError
 from headrace.localserver import LocalServer
 
@@ -82,7 +81,7 @@ LOAD_WINDOW = 2000
 SETTLE = 10.0
 CHILD_TIMEOUT = 600.0
 ANCHORS_DIR_ENV = "HEADRACE_ANCHORS"
-_ME = [sys.executable, "-m", "headrace.benchmarks.consume"]
+_ME = [sys.executable, "-m", "headrace_bench.consume"]
 
 
 class BenchmarkError(HeadraceError):
@@ -94,7 +93,7 @@ def default_anchors_dir() -> Path:
     env = os.environ.get(ANCHORS_DIR_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3].parent / "shared" / "anchors"
+    return Path(__file__).resolve().parents[2].parent / "shared" / "anchors"
 
 
 def _mode(ack: bool) -> str:
@@ -643,7 +642,7 @@ def print_profile(path: Path, top: int = 15) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m headrace.benchmarks.consume")
+    parser = argparse.ArgumentParser(prog="python -m headrace_bench.consume")
     parser.add_argument("role", nargs="?", choices=["load", "consume"])
     parser.add_argument("--impl", choices=IMPLS, default="headrace")
     parser.add_argument("--mode", choices=["ack", "noack"], default="noack")

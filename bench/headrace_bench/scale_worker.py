@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import trio
-
-from headrace.benchmarks.consume import _peak_rss_mb
 from headrace.pipeline.gc_tuning import tune_gc
+
+from headrace_bench.consume import _peak_rss_mb
 
 #: The name every worker's pipeline has: the owner of a shared output is "<pipeline>/<sink>",
 #: and workers of one pipeline must agree on it.
@@ -83,11 +83,10 @@ async def _stop_requested() -> None:
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from headrace_spark import SparkSink
-
     from headrace.jetstream import ConsumeOptions, ConsumerConfig
     from headrace.nats import connect
     from headrace.pipeline import BatchPolicy, JetStreamSource, Pipeline
+    from headrace_spark import SparkSink
 
     commits = 0
     committed_rows = 0
@@ -194,7 +193,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m headrace.benchmarks.scale_worker")
+    parser = argparse.ArgumentParser(prog="python -m headrace_bench.scale_worker")
     parser.add_argument("--url", required=True)
     parser.add_argument("--stream", required=True)
     parser.add_argument("--durable", required=True)

@@ -1,7 +1,9 @@
 """``headrace demo``: JetStream orders -> pipeline -> Spark parquet, then checked.
 
-The job itself lives with the Spark plugin (``headrace_spark.demo``), imported only when the
-command runs, so that ``headrace --help`` works without the ``spark`` extra.
+The plugin's own command, registered the way any plugin adds one: the entry point
+``demo = "headrace_spark.cli:add_parser"`` in the ``headrace.commands`` group (see
+plugins/headrace_spark/pyproject.toml). The framework loads it only for ``headrace demo`` and
+for help. The job itself (:mod:`headrace_spark.demo`) is imported when the command runs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def _positive(text: str) -> int:
 
 
 def add_parser(commands: Any) -> None:
+    """Add ``demo`` to ``headrace``'s subcommands (``commands``: argparse's subparsers action)."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "demo",
         help="the main job, end to end: JetStream orders into Spark parquet, checked",
@@ -79,17 +82,11 @@ def add_parser(commands: Any) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    try:
-        from headrace_spark import demo as job
-    except ImportError:
-        print(
-            "headrace demo: needs the Spark plugin: pip install 'headrace[spark]'", file=sys.stderr
-        )
-        return 2
-    from headrace.cli.run import _leaf, _one_line
     from headrace.errors import HeadraceError, NoServersError
     from headrace.localserver import LocalServerError
     from headrace.pipeline import restore_gc, tune_gc
+
+    from headrace_spark import demo as job
 
     problem = job.environment_problem()
     if problem is not None:
@@ -128,3 +125,16 @@ def command(args: argparse.Namespace) -> int:
         restore_gc(gc_settings)
     print(job.summary(result, out))
     return 0 if result.ok else 1
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first non-group exception of ``exc`` (Cancelled ones last): what to report."""
+    while isinstance(exc, BaseExceptionGroup):
+        inner = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)]
+        exc = (inner or list(exc.exceptions))[0]
+    return exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().replace("\n", " ")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

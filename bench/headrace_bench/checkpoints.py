@@ -26,21 +26,21 @@ import time
 from typing import Any
 
 import trio
+from headrace.localserver import LocalServer
 
-from headrace.benchmarks.consume import (
+from headrace_bench.consume import (
     BenchmarkError,
     _failure,
     _last_json,
     _peak_rss_mb,
     _run_child,
 )
-from headrace.localserver import LocalServer
 
 IMPLS = ("headrace-checkpoints", "nats-py-serial")
 STREAM = "EVENTS"
 ENTITIES = 200
 HANDLER_MS = 1.0
-_ME = [sys.executable, "-m", "headrace.benchmarks.checkpoints"]
+_ME = [sys.executable, "-m", "headrace_bench.checkpoints"]
 
 
 async def _load(url: str, n: int, entities: int) -> None:
@@ -180,7 +180,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m headrace.benchmarks.checkpoints")
+    parser = argparse.ArgumentParser(prog="python -m headrace_bench.checkpoints")
     parser.add_argument("role", nargs="?", choices=["child"])
     parser.add_argument("--impl", choices=IMPLS, default=IMPLS[0])
     parser.add_argument("--url")

@@ -21,7 +21,6 @@ import time
 from typing import Any
 
 import trio
-
 from headrace.localserver import LocalServer
 
 SUBJECT = "bench.core"
@@ -125,7 +124,7 @@ def _child(args: argparse.Namespace) -> None:
 def run(messages: int, payload: int, impls: list[str], as_json: bool) -> list[dict[str, Any]]:
     """Run the benchmark; print one JSON line per implementation (plus ratios) or a table."""
     results: list[dict[str, Any]] = []
-    me = [sys.executable, "-m", "headrace.benchmarks.core"]
+    me = [sys.executable, "-m", "headrace_bench.core"]
     common = ["--messages", str(messages), "--payload", str(payload)]
     with LocalServer(jetstream=False, extra_config=_SERVER_CONFIG) as server:
         for impl in impls:
@@ -172,7 +171,7 @@ def run(messages: int, payload: int, impls: list[str], as_json: bool) -> list[di
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m headrace.benchmarks.core")
+    parser = argparse.ArgumentParser(prog="python -m headrace_bench.core")
     parser.add_argument("role", nargs="?", choices=["sub", "pub"])
     parser.add_argument("--impl", choices=IMPLS, default="headrace")
     parser.add_argument("--url")

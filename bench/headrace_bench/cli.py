@@ -1,0 +1,228 @@
+"""``headrace bench``: the benchmark command, registered through the ``headrace.commands``
+entry-point group (``bench = "headrace_bench.cli:add_parser"`` in bench/pyproject.toml).
+
+This module stays light: ``headrace bench --help`` and the refusals of misused options import
+no benchmark, nats-py or Spark; each benchmark's module is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_parser(commands: Any) -> None:
+    """Add ``bench`` to ``headrace``'s subcommands (``commands`` is argparse's subparsers
+    action; the parser it makes is of the framework's parser class)."""
+    bench = commands.add_parser(
+        "bench",
+        help="measure headrace against the clients a user would pick instead",
+        description=(
+            "Benchmarks print one line (or JSON object) per implementation, measured in the "
+            "same run, with headrace's ratio against each peer and peak RSS."
+        ),
+    )
+    bench.add_argument(
+        "what",
+        choices=["core", "consume", "pipeline", "e2e", "checkpoints", "scale"],
+        help=(
+            "core: core NATS subscriber throughput vs nats-py; consume: JetStream consume "
+            "throughput (ack none and ack every message) vs nats-py fetch; pipeline: a "
+            "source-map-sink pipeline acking after commit vs the same loop in nats-py; e2e: "
+            "JetStream into Spark parquet files through SparkSink, acking after commit, vs "
+            "nats-py fetch + PySpark Rows (needs the spark extra and Java); checkpoints: "
+            "events/s through checkpointed subscriptions over 200 entities with a 1 ms handler "
+            "vs a serial nats-py loop (--messages: use 10000 or so); scale: N worker processes "
+            "sharing one consumer and one Spark output (Arrow writer, shared commits) vs one "
+            "process with the local ledger (needs the spark extra, not Java)"
+        ),
+    )
+    bench.add_argument(
+        "--messages", type=int, default=None, help="default: 200000 (checkpoints: 10000)"
+    )
+    bench.add_argument(
+        "--payload", type=int, default=None, help="bytes per message (128; not for e2e)"
+    )
+    bench.add_argument("--json", action="store_true", help="one JSON object per line")
+    bench.add_argument(
+        "--anchors",
+        action="store_true",
+        help=(
+            "consume only: also run the peer anchors (libnats, nats.js) from ../shared/anchors "
+            "against the same stream; may apt-get install libnats-dev and npm install nats@2 "
+            "(off by default: it installs software and needs the network)"
+        ),
+    )
+    bench.add_argument(
+        "--buffer",
+        type=int,
+        default=None,
+        help=(
+            "consume, pipeline, e2e and scale: headrace's consume max_messages (defaults "
+            "10000 and the pipeline benchmark's own; see bench/README.md)"
+        ),
+    )
+    bench.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help=(
+            "e2e and scale: records per batch, every implementation (defaults: e2e 100000, "
+            "scale 10000)"
+        ),
+    )
+    bench.add_argument(
+        "--workers",
+        type=_worker_counts,
+        default=None,
+        metavar="N,N,...",
+        help="scale only: the worker counts to measure, comma-separated (default: 1,2,4)",
+    )
+    bench.add_argument(
+        "--spark-master",
+        default=None,
+        metavar="URL",
+        help="e2e only: the Spark master of both sessions (default: local[*])",
+    )
+    bench.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from headrace.localserver import LocalServerError
+
+    if args.messages is None:
+        args.messages = 10_000 if args.what == "checkpoints" else 200_000
+    if args.anchors and args.what != "consume":
+        print("headrace bench: --anchors applies to `bench consume` only", file=sys.stderr)
+        return 2
+    if args.what not in ("e2e", "scale") and args.batch is not None:
+        print(
+            "headrace bench: --batch applies to `bench e2e` and `bench scale` only",
+            file=sys.stderr,
+        )
+        return 2
+    if args.what != "e2e" and args.spark_master is not None:
+        print("headrace bench: --spark-master applies to `bench e2e` only", file=sys.stderr)
+        return 2
+    if args.what != "scale" and args.workers is not None:
+        print("headrace bench: --workers applies to `bench scale` only", file=sys.stderr)
+        return 2
+    if args.what == "e2e":
+        return _bench_e2e(args)
+    if args.what == "scale":
+        return _bench_scale(args)
+    if args.payload is None:
+        args.payload = 128
+    if args.what == "core":
+        from headrace_bench import core
+
+        try:
+            core.run(args.messages, args.payload, list(core.IMPLS), args.json)
+        except LocalServerError as exc:
+            print(f"headrace bench: {exc}", file=sys.stderr)
+            return 2
+    elif args.what == "consume":
+        from headrace_bench import consume
+
+        try:
+            results = consume.run(
+                args.messages,
+                args.payload,
+                anchors=args.anchors,
+                as_json=args.json,
+                buffer=args.buffer or consume.HEADRACE_BUFFER,
+            )
+        except (LocalServerError, consume.BenchmarkError) as exc:
+            print(f"headrace bench: {exc}", file=sys.stderr)
+            return 2
+        if any(r["impl"] == "headrace" and "error" in r for r in results):
+            return 1  # headrace failed a correctness check: no figure to trust
+    elif args.what == "checkpoints":
+        from headrace_bench import checkpoints, consume
+
+        try:
+            results = checkpoints.run(args.messages, as_json=args.json)
+        except (LocalServerError, consume.BenchmarkError) as exc:
+            print(f"headrace bench: {exc}", file=sys.stderr)
+            return 2
+        if any(r["impl"] == "headrace-checkpoints" and "error" in r for r in results):
+            return 1
+    elif args.what == "pipeline":
+        from headrace_bench import consume, pipeline
+
+        try:
+            kwargs = {"buffer": args.buffer} if args.buffer else {}
+            results = pipeline.run(args.messages, args.payload, as_json=args.json, **kwargs)
+        except (LocalServerError, consume.BenchmarkError) as exc:
+            print(f"headrace bench: {exc}", file=sys.stderr)
+            return 2
+        if any(r["impl"] == "headrace-pipeline" and "error" in r for r in results):
+            return 1
+    return 0
+
+
+def _bench_e2e(args: argparse.Namespace) -> int:
+    from headrace.localserver import LocalServerError
+
+    from headrace_bench import consume, e2e
+
+    if args.payload is not None:
+        print(
+            "headrace bench: `bench e2e` publishes JSON orders of about 150 bytes; --payload "
+            "does not apply",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        results = e2e.run(
+            args.messages,
+            batch=args.batch or e2e.BATCH,
+            buffer=args.buffer or e2e.BUFFER,
+            spark_master=args.spark_master or "local[*]",
+            as_json=args.json,
+        )
+    except (LocalServerError, consume.BenchmarkError) as exc:
+        print(f"headrace bench: {exc}", file=sys.stderr)
+        return 2
+    if any(r["impl"].startswith("headrace") and not r.get("verified") for r in results):
+        return 1  # headrace failed a check: no figure to trust
+    return 0
+
+
+def _bench_scale(args: argparse.Namespace) -> int:
+    from headrace.localserver import LocalServerError
+
+    from headrace_bench import consume, scale
+
+    if args.payload is not None:
+        print(
+            "headrace bench: `bench scale` publishes JSON orders of about 150 bytes; --payload "
+            "does not apply",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        results = scale.run(
+            args.messages,
+            workers=args.workers or scale.WORKERS,
+            batch=args.batch or scale.BATCH,
+            buffer=args.buffer or scale.BUFFER,
+            as_json=args.json,
+        )
+    except (LocalServerError, consume.BenchmarkError) as exc:
+        print(f"headrace bench: {exc}", file=sys.stderr)
+        return 2
+    if any(not r.get("verified") for r in results):
+        return 1  # every implementation is headrace's: a failed check leaves no figure to trust
+    return 0
+
+
+def _worker_counts(text: str) -> tuple[int, ...]:
+    """``--workers 1,2,4`` (bench scale); imported only when the option is given."""
+    from headrace_bench.scale import parse_workers
+
+    try:
+        return parse_workers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
