@@ -26,8 +26,7 @@ from headrace.checkpoints import (
     SubscriptionGroup,
     operators,
 )
-from headrace.jetstream import JetStream, StreamConfig
-from headrace.jetstream.kv import KeyValueConfig, create_key_value
+from headrace.jetstream import JetStream, KeyValueConfig, StreamConfig, create_key_value
 from headrace.localserver import LocalServer
 from headrace.nats import connect
 

@@ -27,10 +27,7 @@ import os
 from typing import Any
 
 import trio
-from headrace.jetstream.consumer_config import ConsumerConfig
-from headrace.jetstream.context import JetStream
-from headrace.jetstream.errors import StreamNotFound
-from headrace.jetstream.stream_config import StreamConfig
+from headrace.jetstream import ConsumerConfig, JetStream, StreamConfig, StreamNotFound
 from headrace.nats import connect
 from headrace.pipeline import BatchPolicy, JetStreamSource, Pipeline
 from headrace.sinks import JsonlSink

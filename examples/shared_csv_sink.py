@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from headrace.commits.identity import Attempt
+from headrace.commits import Attempt
 from headrace.jetstream import ConsumerConfig, JetStream, StreamConfig
 from headrace.localserver import LocalServer
 from headrace.nats import connect
 from headrace.pipeline import BatchPolicy, JetStreamSource, Pipeline
-from headrace.sinks.shared_writer import SharedWriter, Staged, batch_key, sequences
+from headrace.sinks import SharedWriter, Staged, batch_key, sequences
 
 ORDERS = 500
 

@@ -38,7 +38,6 @@ and the pipeline drains as the exception leaves its ``running`` block.
 
 from __future__ import annotations
 
-import contextvars
 import enum
 import signal
 import threading
@@ -51,6 +50,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
+
+from headrace._run_registry import RUNS
+from headrace._run_registry import track_run as track_run
 
 if TYPE_CHECKING:
     from headrace.pipeline.runtime import PipelineRun
@@ -237,18 +239,9 @@ class SignalCatcher:
 
 # -- which pipelines a hard stop stops ------------------------------------------------------
 
-_RUNS: contextvars.ContextVar[weakref.WeakSet[PipelineRun] | None] = contextvars.ContextVar(
-    "headrace_shutdown_runs", default=None
-)
-
-
-def track_run(run: PipelineRun) -> None:
-    """Called by every new :class:`~headrace.pipeline.runtime.PipelineRun`: inside
-    :func:`run_until_signal` (in its task or tasks started from it), the run is one of those
-    a hard stop stops."""
-    runs = _RUNS.get()
-    if runs is not None:
-        runs.add(run)
+# The registry lives in headrace._run_registry (below pipeline/, which registers every run);
+# ``track_run`` is still importable from here.
+_RUNS = RUNS
 
 
 # -- the helper -----------------------------------------------------------------------------

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +38,15 @@ import trio
 
 from headrace.cli import jsonlogs
 from headrace.cli.connection import ConnectionEvents
+from headrace.cli.exits import (
+    EXIT_DRAIN_INCOMPLETE,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_POISON_TERMINATED,
+    HARD_STOP_GRACE,
+)
+from headrace.cli.exits import exit_now as _exit_now
+from headrace.cli.exits import fail as _fail
 from headrace.cli.failures import FailureEvents
 from headrace.cli.metrics import Snapshot, start_serving
 from headrace.cli.options import add_connection_arguments, connect_kwargs
@@ -69,15 +77,6 @@ from headrace.shutdown import (
     StopLadder,
 )
 from headrace.sinks.errors import SinkLoadError, UnknownSink
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_DRAIN_INCOMPLETE = 3
-EXIT_POISON_TERMINATED = 4
-
-#: After a second signal, how long the hard stop may take before the process just exits.
-HARD_STOP_GRACE = 2.0
 
 #: Errors at run time that come from configuration, not from a failure: exit code 2. An
 #: output the pipeline must not write (another pipeline's, a recreated stream's) is one: the
@@ -175,13 +174,6 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(func=command)
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    """Say why the run ends (``headrace run: ...``; an ``exit_reason`` event with
-    ``--json-logs``) and return ``code``."""
-    jsonlogs.say("headrace run", message, exit_code=code)
-    return code
-
-
 def prepare(target: str, overrides: Overrides) -> Pipeline:
     """Load, override and validate the pipeline (raises the errors :func:`command` maps to 2)."""
     pipe = load_target(target)
@@ -191,7 +183,7 @@ def prepare(target: str, overrides: Overrides) -> Pipeline:
 
 
 def command(args: argparse.Namespace) -> int:
-    # Imported here, not at the top: the workers module imports this one.
+    # Imported here, not at the top: only `headrace run` needs the workers' supervisor.
     from headrace.cli import workers
 
     # A worker's signals come from its supervisor, one per step it means: no window for them.
@@ -536,15 +528,6 @@ class Runner:
                 EXIT_POISON_TERMINATED,
             )
         return EXIT_OK
-
-
-def _exit_now(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, RuntimeError):
-            pass  # RuntimeError: a signal handler interrupted a write to the same stream
-    os._exit(code)
 
 
 def _leaf(exc: BaseException) -> BaseException:

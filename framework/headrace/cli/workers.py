@@ -72,19 +72,19 @@ from typing import Any
 import attrs
 import trio
 
-from headrace.cli.metrics import Snapshot, start_serving
-from headrace.cli.options import PASSWORD_ENV, TOKEN_ENV
-from headrace.cli.progress import Reporter, Sample, WorkerStatus
-from headrace.cli.run import (
+from headrace.cli.exits import (
     EXIT_DRAIN_INCOMPLETE,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_POISON_TERMINATED,
     EXIT_USAGE,
     HARD_STOP_GRACE,
-    _exit_now,
-    _fail,
 )
+from headrace.cli.exits import exit_now as _exit_now
+from headrace.cli.exits import fail as _fail
+from headrace.cli.metrics import Snapshot, start_serving
+from headrace.cli.options import PASSWORD_ENV, TOKEN_ENV
+from headrace.cli.progress import Reporter, Sample, WorkerStatus
 from headrace.pipeline.graph import Pipeline
 from headrace.pipeline.stats import PipelineStats
 from headrace.shutdown import (

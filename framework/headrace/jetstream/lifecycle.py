@@ -34,6 +34,7 @@ import trio
 
 from headrace.actors.actor import Actor, ActorState
 from headrace.errors import NatsError
+from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.errors import ConsumerNotFound, JetStreamError
 from headrace.jetstream.events import ConsumerDeleteFailed, JetStreamEvent
 from headrace.jetstream.message import OutstandingAcks
@@ -157,7 +158,7 @@ class ConsumerLifecycle(Actor[_End]):
                 await self._stop_delivery(request.drain, request.deadline)
                 if request.drain and self._acks is not None:
                     await self._acks.wait_all_acked()
-            except (JetStreamError, NatsError):
+            except (JetStreamError, NatsError, DecodeError):
                 pass  # stopping ran into a closed or lost connection: deletion may still work
         try:
             if await self.should_delete():
@@ -165,7 +166,9 @@ class ConsumerLifecycle(Actor[_End]):
                 self.deleted = True
         except ConsumerNotFound:
             self.deleted = True  # already gone: the goal is reached
-        except (JetStreamError, NatsError) as exc:
+        except (JetStreamError, NatsError, DecodeError) as exc:
+            # DecodeError: the API answered with something that is not its JSON (a proxy, a
+            # broken server). It is no JetStreamError, and would otherwise fail the actor.
             if request.drain:
                 self._hub.emit(ConsumerDeleteFailed(self.stream, self.consumer, exc))
                 return None

@@ -1,4 +1,8 @@
-"""trio I/O over :mod:`headrace.protocol`: the connection supervisor, subscriptions, auth, TLS."""
+"""trio I/O over :mod:`headrace.protocol`: the connection supervisor, subscriptions, auth, TLS.
+
+What ``__all__`` lists is the public API; the modules under this package are internal and may
+change (docs/architecture.md, "Public and internal").
+"""
 
 from headrace.nats.auth import Credentials
 from headrace.nats.connection import Connection, Statistics, connect
@@ -17,7 +21,7 @@ from headrace.nats.events import (
     Status,
 )
 from headrace.nats.options import ConnectOptions
-from headrace.nats.servers import ServerAddress
+from headrace.nats.servers import ServerAddress, redact_url
 from headrace.nats.subscription import Subscription
 from headrace.nats.tls import TLSConfig
 
@@ -42,4 +46,5 @@ __all__ = [
     "Subscription",
     "TLSConfig",
     "connect",
+    "redact_url",
 ]

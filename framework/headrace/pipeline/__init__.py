@@ -30,7 +30,7 @@ from headrace.pipeline.graph import Node, Pipeline, PipelineError
 from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
-from headrace.pipeline.sink import Sink, SinkRunner
+from headrace.pipeline.sink import Sink, SinkContext, SinkRunner
 from headrace.pipeline.sink_retry import SinkOutage, SinkRetry
 from headrace.pipeline.source import JetStreamSource
 from headrace.pipeline.stats import PipelineStats
@@ -51,6 +51,7 @@ __all__ = [
     "PoisonTerminated",
     "Record",
     "Sink",
+    "SinkContext",
     "SinkOutage",
     "SinkRetry",
     "SinkRunner",

@@ -39,7 +39,7 @@ from headrace.errors import HeadraceError, MaxPayloadExceeded, NatsError
 from headrace.jetstream.errors import JetStreamError, StreamLookupError
 from headrace.jetstream.message import JsMsg, ack_all
 from headrace.jetstream.transient import retry_transient
-from headrace.pipeline.graph import PipelineError
+from headrace.pipeline.errors import PipelineError
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.stats import PipelineStats
 

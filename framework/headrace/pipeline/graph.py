@@ -31,9 +31,9 @@ import attrs
 
 from headrace.actors.supervision import Escalate, RestartPolicy
 from headrace.commits.coordinator import DEFAULT_BUCKET
-from headrace.errors import HeadraceError
 from headrace.jetstream.kv import check_bucket_name
 from headrace.pipeline.batch import BatchPolicy
+from headrace.pipeline.errors import PipelineError as PipelineError  # defined here before
 from headrace.pipeline.sink_retry import SinkRetry
 from headrace.pipeline.source import JetStreamSource
 
@@ -44,10 +44,6 @@ if TYPE_CHECKING:
 Kind = Literal["source", "map", "filter", "flat_map", "merge", "sink"]
 Ordering = Literal["all", "subject", "none"]
 OPERATORS = ("map", "filter", "flat_map")
-
-
-class PipelineError(HeadraceError, ValueError):
-    """A pipeline graph that cannot run; the message names the node."""
 
 
 @attrs.define(eq=False, kw_only=True)

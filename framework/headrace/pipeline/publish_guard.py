@@ -26,7 +26,7 @@ from headrace.actors.actor import Actor
 from headrace.errors import PermissionViolation
 from headrace.jetstream.ack_reply import parse_ack_reply
 from headrace.jetstream.errors import AckRefused, InvalidAckReply
-from headrace.pipeline.graph import PipelineError
+from headrace.pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from headrace.pipeline.runtime import PipelineRun

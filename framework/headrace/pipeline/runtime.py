@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from headrace._run_registry import track_run
 from headrace.actors.actor import Actor
 from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, supervise
 from headrace.jetstream.consumer_config import ConsumerInfo
@@ -36,7 +37,6 @@ from headrace.pipeline.stages import (
     Stage,
 )
 from headrace.pipeline.stats import PipelineStats
-from headrace.shutdown import track_run
 
 if TYPE_CHECKING:
     from headrace.nats.connection import Connection

@@ -1,0 +1,103 @@
+"""``import headrace`` is the front door: what a pipeline author needs first, and every error
+base class; each sub-package has a curated ``__all__``. The front door loads the pipeline
+runtime only when one of its names is used, and names it no longer lists still work, with a
+DeprecationWarning."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import headrace
+import pytest
+
+PACKAGES = [
+    "headrace",
+    "headrace.actors",
+    "headrace.checkpoints",
+    "headrace.commits",
+    "headrace.jetstream",
+    "headrace.nats",
+    "headrace.pipeline",
+    "headrace.protocol",
+    "headrace.sinks",
+]
+
+FIRST_NEEDS = {
+    "Pipeline",
+    "Node",
+    "JetStreamSource",
+    "BatchPolicy",
+    "Record",
+    "SinkRetry",
+    "SinkContext",
+    "JsonlSink",
+    "MemorySink",
+    "StdoutSink",
+    "RecordsRejected",
+    "connect",
+    "JetStream",
+    "run_until_signal",
+    # the error base classes
+    "HeadraceError",
+    "NatsError",
+    "JetStreamError",
+    "KeyValueError",
+    "CommitError",
+    "SinkError",
+    "PipelineError",
+    "CheckpointError",
+    "ActorFailed",
+}
+
+
+def test_the_front_door_has_what_a_pipeline_author_needs_first():
+    assert set(headrace.__all__) >= FIRST_NEEDS
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_listed_name_is_there(name: str):
+    module = importlib.import_module(name)
+    missing = [n for n in module.__all__ if not hasattr(module, n)]
+    assert not missing
+    assert len(set(module.__all__)) == len(module.__all__)
+
+
+def test_the_front_door_is_the_same_objects_as_the_packages():
+    import headrace.pipeline
+    import headrace.sinks
+
+    assert headrace.Pipeline is headrace.pipeline.Pipeline
+    assert headrace.JsonlSink is headrace.sinks.JsonlSink
+    assert headrace.SinkContext is headrace.pipeline.SinkContext
+    assert {"Pipeline", "JsonlSink"} <= set(dir(headrace))
+
+
+def test_import_headrace_does_not_load_the_pipeline_runtime():
+    """``headrace --help`` and ``import headrace`` stay fast: the pipeline is loaded on use."""
+    code = (
+        "import sys, headrace\n"
+        "assert 'headrace.pipeline' not in sys.modules, 'loaded early'\n"
+        "headrace.Pipeline\n"
+        "assert 'headrace.pipeline' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_names_no_longer_listed_still_work_with_a_deprecation():
+    import headrace.jetstream
+
+    with pytest.warns(DeprecationWarning, match=r"import it from headrace\.jetstream"):
+        value = headrace.KeyValue  # exported by the front door before issue 12
+    assert value is headrace.jetstream.KeyValue
+    assert "KeyValue" not in headrace.__all__
+    with pytest.raises(AttributeError):
+        headrace.NoSuchThing  # noqa: B018
+
+
+def test_moved_error_class_keeps_its_old_path():
+    from headrace.pipeline.errors import PipelineError
+    from headrace.pipeline.graph import PipelineError as old
+
+    assert old is PipelineError is headrace.PipelineError
