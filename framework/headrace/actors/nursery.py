@@ -16,19 +16,16 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from headrace._trio import BodyError
+
 
 @asynccontextmanager
 async def open_actor_nursery() -> AsyncIterator[trio.Nursery]:
-    body_error: BaseException | None = None
+    body = BodyError()
     async with trio.open_nursery() as nursery:
         try:
-            yield nursery
-        except BaseException as exc:
-            body_error = exc
+            with body:
+                yield nursery
         finally:
             nursery.cancel_scope.cancel()
-    if body_error is not None:
-        try:
-            raise body_error
-        finally:
-            body_error = None
+    body.reraise()

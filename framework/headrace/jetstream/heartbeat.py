@@ -19,7 +19,13 @@ import trio
 from headrace.actors.actor import Actor
 from headrace.jetstream.events import HeartbeatsMissed, JetStreamEvent
 from headrace.nats.connection import Connection
-from headrace.nats.events import Connected, Disconnected, EventHub, Reconnected
+from headrace.nats.events import (
+    Connected,
+    Disconnected,
+    EventHub,
+    Reconnected,
+    forward_until_closed,
+)
 
 ALARM_FACTOR = 3.0
 
@@ -57,9 +63,7 @@ class HeartbeatMonitor(Actor[Connected | Disconnected | Reconnected]):
             async with trio.open_nursery() as nursery:
 
                 async def forward() -> None:
-                    async for event in events:
-                        if isinstance(event, Connected | Disconnected | Reconnected):
-                            await self.send(event)
+                    await forward_until_closed(events, self.send)
                     # The connection closed for good: nothing more will arrive, and silence
                     # is no alarm.
                     nursery.cancel_scope.cancel()

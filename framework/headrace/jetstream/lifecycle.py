@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
+from headrace._trio import either
 from headrace.actors.actor import Actor, ActorState
 from headrace.errors import NatsError
 from headrace.jetstream.codec import DecodeError
@@ -125,7 +126,7 @@ class ConsumerLifecycle(Actor[_End]):
             self._request = request
             with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
                 await self.send(request)  # closed: the actor has ended, see below
-        await _either(request.done, self._done)
+        await either(request.done, self._done)
         if not request.done.is_set() and not request.taken[0]:
             # The actor ended without taking the request: cancelled together with the code it
             # serves, which then ends the subscription from a shielded scope (the request may
@@ -196,15 +197,3 @@ async def settled_push_bound(js: JetStream, stream: str, consumer: str) -> Consu
             return info
         await trio.sleep(wait)
         wait *= 2
-
-
-async def _either(first: trio.Event, second: trio.Event) -> None:
-    """Return once either event is set."""
-    async with trio.open_nursery() as nursery:
-
-        async def wait(event: trio.Event) -> None:
-            await event.wait()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(wait, first)
-        nursery.start_soon(wait, second)

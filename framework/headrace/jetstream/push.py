@@ -41,7 +41,7 @@ from headrace.jetstream.heartbeat import ALARM_FACTOR, HeartbeatMonitor
 from headrace.jetstream.lifecycle import ConsumerLifecycle, DeletePolicy
 from headrace.jetstream.message import JsMsg, OutstandingAcks
 from headrace.nats.delivery import DeliveryQueue, SlowConsumerPolicy
-from headrace.nats.events import EventHub, EventWatcher
+from headrace.nats.events import EventHub, EventWatcher, forward_until_closed
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
@@ -176,8 +176,7 @@ class PushSubscription:
         stop_watching = self._nc.on_publish_denied(ACK_PREFIX, self._on_publish_denied)
         try:
             with self._nc.events() as events:
-                async for _ in events:
-                    pass
+                await forward_until_closed(events)
         finally:
             stop_watching()
         error = self._nc.last_error

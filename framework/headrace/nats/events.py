@@ -7,17 +7,22 @@ ADR-40 asks clients to tell the user about connection state changes. Here any ac
 
 A watcher that does not keep up loses events rather than slowing the connection down: the
 hub never waits. Its ``dropped`` counter says how many, so a watcher can tell it missed some.
+The hub itself is generic (:mod:`headrace._trio`); JetStream subscriptions use it too.
+
+Actors that follow the link's state (the consume buffer, the heartbeat monitor, a push
+subscription's end) take the events through one helper, :func:`forward_until_closed`.
 """
 
 from __future__ import annotations
 
 import enum
-import math
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable
 
 import attrs
-import trio
 
+# The hub is generic (headrace._trio); its old home here keeps working.
+from headrace._trio import EventHub as EventHub
+from headrace._trio import EventWatcher as EventWatcher
 from headrace.nats.servers import ServerAddress
 
 
@@ -105,72 +110,20 @@ ConnectionEvent = (
 )
 
 
-E = TypeVar("E")
+async def forward_until_closed(
+    watcher: EventWatcher[ConnectionEvent],
+    send: Callable[[Connected | Disconnected | Reconnected], Awaitable[None]] | None = None,
+) -> None:
+    """Hand the link's changes (connected, disconnected, reconnected) to ``send``, typically an
+    actor's inbox, until the connection is closed for good; then return.
 
-
-class EventWatcher(Generic[E]):
-    """A watcher's side of the hub: iterate it, close it when done."""
-
-    def __init__(self, hub: EventHub[E], buffer: int | float) -> None:
-        self._hub = hub
-        send, self._receive = trio.open_memory_channel[E](buffer)
-        self._send = send
-        self.dropped = 0
-
-    async def receive(self) -> E:
-        return await self._receive.receive()
-
-    def __aiter__(self) -> EventWatcher[E]:
-        return self
-
-    async def __anext__(self) -> E:
-        try:
-            return await self._receive.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-
-    def close(self) -> None:
-        self._hub._watchers.discard(self)
-        self._send.close()
-        self._receive.close()
-
-    def __enter__(self) -> EventWatcher[E]:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class EventHub(Generic[E]):
-    """Fan events out to watchers without ever blocking the one who emits them."""
-
-    def __init__(self) -> None:
-        self._watchers: set[EventWatcher[E]] = set()
-        self._closed = False
-
-    def watch(self, buffer: int | float = 256) -> EventWatcher[E]:
-        """A new watcher; on a closed hub one whose iteration ends at once."""
-        if buffer < 1 and buffer != math.inf:
-            raise ValueError(f"buffer must be at least 1, not {buffer}")
-        watcher = EventWatcher(self, buffer)
-        if self._closed:
-            watcher._send.close()
-        else:
-            self._watchers.add(watcher)
-        return watcher
-
-    def emit(self, event: E) -> None:
-        for watcher in list(self._watchers):
-            try:
-                watcher._send.send_nowait(event)
-            except trio.WouldBlock:
-                watcher.dropped += 1
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._watchers.discard(watcher)
-
-    def close(self) -> None:
-        """End every watcher's iteration (after the events already queued)."""
-        self._closed = True
-        for watcher in list(self._watchers):
-            watcher._send.close()
-        self._watchers.clear()
+    The end is the :class:`Closed` event, or the watcher's end should that event have been
+    dropped (the hub closes every watcher right after it). The other events are not for the
+    actors that use this. Without ``send`` it only waits for the end.
+    """
+    async for event in watcher:
+        if isinstance(event, Connected | Disconnected | Reconnected):
+            if send is not None:
+                await send(event)
+        elif isinstance(event, Closed):
+            return

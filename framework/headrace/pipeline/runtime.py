@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from headrace._run_registry import track_run
+from headrace._trio import BodyError
 from headrace.actors.actor import Actor
 from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, supervise
 from headrace.jetstream.consumer_config import ConsumerInfo
@@ -265,14 +266,12 @@ class PipelineRun:
 
     @asynccontextmanager
     async def lifetime(self) -> AsyncIterator[None]:
-        body_error: BaseException | None = None
+        body = BodyError()  # the body's own error comes out as raised, after the drain
         try:
             async with trio.open_nursery() as outer:
                 await outer.start(self._main)
-                try:
+                with body:
                     yield
-                except BaseException as exc:
-                    body_error = exc
                 with trio.CancelScope(shield=True):
                     self.drain()
                     await self._finished.wait()
@@ -289,11 +288,7 @@ class PipelineRun:
                 )
                 raise error from error.__cause__  # its own cause kept, not the group around
             raise
-        if body_error is not None:
-            try:
-                raise body_error
-            finally:
-                body_error = None
+        body.reraise()
 
 
 def _find_failure(group: BaseExceptionGroup[Any]) -> ActorFailed | None:
