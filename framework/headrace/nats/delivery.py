@@ -26,7 +26,7 @@ from collections import deque
 
 import trio
 
-from headrace.protocol.events import Msg
+from headrace.protocol.events import Msg, messages_size
 
 
 class SlowConsumerPolicy(enum.Enum):
@@ -34,11 +34,6 @@ class SlowConsumerPolicy(enum.Enum):
 
     DROP = "drop"
     BACKPRESSURE = "backpressure"
-
-
-def _size(msg: Msg) -> int:
-    raw = msg.raw_headers
-    return len(msg.data) + (len(raw) if raw is not None else 0)
 
 
 class DeliveryQueue:
@@ -100,9 +95,9 @@ class DeliveryQueue:
         if accepted:
             budget = self.max_bytes - self._bytes
             for i, msg in enumerate(accepted):
-                size += _size(msg)
+                size += msg.size
                 if size > budget:
-                    size -= _size(msg)
+                    size -= msg.size
                     accepted = accepted[:i]
                     break
         dropped = len(batch) - len(accepted)
@@ -123,7 +118,7 @@ class DeliveryQueue:
         if self._closed:
             return
         self._items.extend(batch)
-        self._bytes += sum(map(_size, batch))
+        self._bytes += messages_size(batch)
         self._getters.unpark_all()
 
     # -- consumer -----------------------------------------------------------------------------
@@ -140,7 +135,7 @@ class DeliveryQueue:
                 self._end()
             await self._getters.park()
         msg = self._items.popleft()
-        self._bytes -= _size(msg)
+        self._bytes -= msg.size
         if self._putters:
             self._putters.unpark_all()
         return msg
@@ -168,7 +163,7 @@ class DeliveryQueue:
             self._bytes = 0
         else:
             batch = [items.popleft() for _ in range(max_msgs)]
-            self._bytes -= sum(map(_size, batch))
+            self._bytes -= messages_size(batch)
         if self._putters:
             self._putters.unpark_all()
         return batch
@@ -179,7 +174,7 @@ class DeliveryQueue:
                 self._end()
             raise trio.WouldBlock
         msg = self._items.popleft()
-        self._bytes -= _size(msg)
+        self._bytes -= msg.size
         if self._putters:
             self._putters.unpark_all()
         return msg

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from headrace._validators import non_negative, positive
 from headrace.nats.auth import Credentials
 from headrace.nats.delivery import SlowConsumerPolicy
 from headrace.nats.servers import ServerAddress, redact_url
@@ -30,16 +31,6 @@ def _redacted(urls: tuple[str, ...]) -> str:
     return repr(tuple(redact_url(url) for url in urls))
 
 
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be positive, not {value!r}")
-
-
-def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value >= 0:
-        raise ValueError(f"{attribute.name} must not be negative, not {value!r}")
-
-
 def _inbox_prefix(_inst: object, _attribute: attrs.Attribute[Any], value: str) -> None:
     check_subject(value, what="inbox prefix")
 
@@ -61,19 +52,19 @@ class ConnectOptions:
     #: TLS settings; ``None`` means TLS only if a URL says ``tls://`` or the server requires it
     #: (then with the system trust store).
     tls: TLSConfig | None = None
-    connect_timeout: float = attrs.field(default=5.0, validator=_positive)
-    ping_interval: float = attrs.field(default=120.0, validator=_positive)
-    max_pings_out: int = attrs.field(default=2, validator=_positive)
+    connect_timeout: float = attrs.field(default=5.0, validator=positive)
+    ping_interval: float = attrs.field(default=120.0, validator=positive)
+    max_pings_out: int = attrs.field(default=2, validator=positive)
     allow_reconnect: bool = True
     #: Consecutive failed reconnect attempts before giving up; ``None`` tries forever.
     #: (60, as the Go and Python clients; ADR-40 leaves it to the client.)
     max_reconnect_attempts: int | None = 60
     #: Least time between two dials of one server; doubles per consecutive failure on that
     #: server, up to ``reconnect_wait_max``.
-    reconnect_wait: float = attrs.field(default=0.25, validator=_non_negative)
-    reconnect_wait_max: float = attrs.field(default=5.0, validator=_non_negative)
+    reconnect_wait: float = attrs.field(default=0.25, validator=non_negative)
+    reconnect_wait_max: float = attrs.field(default=5.0, validator=non_negative)
     #: Fraction by which each wait is randomly lengthened or shortened.
-    reconnect_jitter: float = attrs.field(default=0.25, validator=_non_negative)
+    reconnect_jitter: float = attrs.field(default=0.25, validator=non_negative)
     #: Custom backoff: seconds between dials of a server after ``n`` consecutive failures on it
     #: (``n`` >= 1); replaces the formula.
     reconnect_delay: Callable[[int], float] | None = None
@@ -82,23 +73,23 @@ class ConnectOptions:
     dont_randomize: bool = False
     ignore_discovered_servers: bool = False
     #: Bytes of publishes kept while disconnected; 0 refuses publishing while disconnected.
-    reconnect_buffer_size: int = attrs.field(default=8 * 1024 * 1024, validator=_non_negative)
+    reconnect_buffer_size: int = attrs.field(default=8 * 1024 * 1024, validator=non_negative)
     #: Bytes queued for the socket above which ``publish`` waits for the writer.
-    write_buffer_size: int = attrs.field(default=1024 * 1024, validator=_positive)
+    write_buffer_size: int = attrs.field(default=1024 * 1024, validator=positive)
     #: Default pending limits and policy of a subscription (Go client defaults).
-    pending_msgs_limit: int = attrs.field(default=512 * 1024, validator=_positive)
-    pending_bytes_limit: int = attrs.field(default=64 * 1024 * 1024, validator=_positive)
+    pending_msgs_limit: int = attrs.field(default=512 * 1024, validator=positive)
+    pending_bytes_limit: int = attrs.field(default=64 * 1024 * 1024, validator=positive)
     slow_consumer_policy: SlowConsumerPolicy = SlowConsumerPolicy.DROP
     inbox_prefix: str = attrs.field(default="_INBOX", validator=_inbox_prefix)
     no_echo: bool = False
     pedantic: bool = False
     #: Default time limit of ``request`` and ``flush``.
-    request_timeout: float = attrs.field(default=5.0, validator=_positive)
+    request_timeout: float = attrs.field(default=5.0, validator=positive)
     #: How long ``drain`` waits for subscribers to read what is buffered.
-    drain_timeout: float = attrs.field(default=30.0, validator=_positive)
-    max_control_line: int = attrs.field(default=4096, validator=_positive)
+    drain_timeout: float = attrs.field(default=30.0, validator=positive)
+    max_control_line: int = attrs.field(default=4096, validator=positive)
     #: Bytes asked of the socket per read.
-    read_size: int = attrs.field(default=256 * 1024, validator=_positive)
+    read_size: int = attrs.field(default=256 * 1024, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.max_reconnect_attempts is not None and self.max_reconnect_attempts < 0:

@@ -12,12 +12,8 @@ from typing import Any
 
 import attrs
 
+from headrace._validators import positive_or_none
 from headrace.pipeline.record import Record
-
-
-def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"{attr.name} must be positive, not {value!r}")
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -26,7 +22,7 @@ class BatchPolicy:
     ``max_age`` seconds after its first record, whichever comes first."""
 
     max_messages: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
-    max_bytes: int | None = attrs.field(default=None, validator=_positive_or_none)
+    max_bytes: int | None = attrs.field(default=None, validator=positive_or_none)
     max_age: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
 
 

@@ -33,23 +33,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import attrs
 import trio
 
+from headrace._validators import positive, positive_or_none
 from headrace.errors import HeadraceError
 from headrace.pipeline.record import Record
-
-
-def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attr.name} must be positive, not {value!r}")
-
-
-def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"{attr.name} must be positive or None, not {value!r}")
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -57,11 +47,11 @@ class SinkRetry:
     """How a sink stage retries a batch whose write failed (see the module docs)."""
 
     #: The first pause after a failure (seconds), doubled after each, up to ``backoff_max``.
-    backoff: float = attrs.field(default=0.5, validator=_positive)
-    backoff_max: float = attrs.field(default=30.0, validator=_positive)
+    backoff: float = attrs.field(default=0.5, validator=positive)
+    backoff_max: float = attrs.field(default=30.0, validator=positive)
     #: Seconds a sink may fail without one write succeeding before the pipeline stops
     #: (:class:`SinkOutage`, everything held naked); None: for as long as it takes.
-    deadline: float | None = attrs.field(default=None, validator=_positive_or_none)
+    deadline: float | None = attrs.field(default=None, validator=positive_or_none)
     #: Failures of a batch before it is split to find bad records.
     split_after: int = attrs.field(default=2, validator=attrs.validators.ge(1))
     #: Failures of a message alone, while others commit, before it is poison.

@@ -16,6 +16,8 @@ from typing import Any
 from headrace.errors import InvalidSubjectError, MaxPayloadExceeded
 from headrace.protocol.headers import Headers, encode_header_block
 
+#: The commands as sent. (What the server sends is parsed into the events ``Ping`` and
+#: ``Pong`` of :mod:`headrace.protocol.events`.)
 PING = b"PING\r\n"
 PONG = b"PONG\r\n"
 

@@ -7,6 +7,8 @@ headers pays nothing for them.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -90,9 +92,10 @@ class Msg:
 
     @property
     def size(self) -> int:
-        """Bytes of payload plus header block, as the server counts them for limits."""
+        """Bytes of payload plus header block, as the server counts them for limits and for
+        a subscription's pending bytes (the one definition; :func:`messages_size` sums it)."""
         raw = self.raw_headers
-        return len(self.data) + (len(raw) if raw is not None else 0)
+        return len(self.data) if raw is None else len(self.data) + len(raw)
 
     def __repr__(self) -> str:
         data = self.data if len(self.data) <= 40 else self.data[:40] + b"..."
@@ -101,6 +104,20 @@ class Msg:
             f"Msg(subject={self.subject!r}, sid={self.sid}, reply={self.reply!r}, "
             f"data={data!r}{extra})"
         )
+
+
+def messages_size(msgs: Iterable[Msg]) -> int:
+    """The sum of :attr:`Msg.size` over ``msgs``.
+
+    The reader counts every batch it reads; the sum is written out here rather than calling
+    the property per message, which costs twice as much (about 30 ns a message more), on the
+    hottest path there is. Keep the two in step.
+    """
+    size = 0
+    for msg in msgs:
+        raw = msg.raw_headers
+        size += len(msg.data) if raw is None else len(msg.data) + len(raw)
+    return size
 
 
 def _int(obj: dict[str, Any], name: str, default: int) -> int:
@@ -223,6 +240,25 @@ class Err:
 
 Event = Msg | Info | Ping | Pong | Ok | Err
 
-PING = Ping()
-PONG = Pong()
-OK = Ok()
+# The parser hands out these shared instances (the events carry no data). They are named
+# *_EVENT so that ``PING`` and ``PONG`` mean one thing in the protocol package: the command
+# bytes of :mod:`headrace.protocol.commands`.
+PING_EVENT = Ping()
+PONG_EVENT = Pong()
+OK_EVENT = Ok()
+
+_RENAMED = {"PING": "PING_EVENT", "PONG": "PONG_EVENT", "OK": "OK_EVENT"}
+
+
+def __getattr__(name: str) -> object:
+    """The old names of the shared events, with a warning (they clashed with the commands)."""
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"headrace.protocol.events.{name} is now {new}; headrace.protocol.{name} is the "
+        "command's bytes",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]

@@ -27,7 +27,16 @@ from __future__ import annotations
 import json
 
 from headrace.errors import ControlLineTooLong, ProtocolError
-from headrace.protocol.events import OK, PING, PONG, Err, Event, Info, Msg, ServerInfo
+from headrace.protocol.events import (
+    OK_EVENT,
+    PING_EVENT,
+    PONG_EVENT,
+    Err,
+    Event,
+    Info,
+    Msg,
+    ServerInfo,
+)
 
 #: nats-server's default ``max_control_line``; the client uses the same bound for lines it reads.
 DEFAULT_MAX_CONTROL_LINE = 4096
@@ -247,13 +256,13 @@ class ProtocolParser:
                     append(Msg(subject.decode(), int(sid), reply, buf[start:end]))
                 pos = end + 2
             elif kind == _PING:
-                append(PING)
+                append(PING_EVENT)
                 pos = eol + 2
             elif kind == _PONG:
-                append(PONG)
+                append(PONG_EVENT)
                 pos = eol + 2
             elif kind == _OK:
-                append(OK)
+                append(OK_EVENT)
                 pos = eol + 2
             elif kind == _ERR:
                 text = buf[pos + 4 : eol].strip(b" \t").decode("utf-8", "replace")
