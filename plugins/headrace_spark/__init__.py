@@ -4,24 +4,53 @@ A distribution of its own, ``headrace-spark`` (this directory's pyproject.toml),
 plugin would be: it registers the sink ``spark`` (entry-point group ``headrace.sinks``) and the
 command ``headrace demo`` (group ``headrace.commands``: :mod:`headrace_spark.cli`), and headrace
 never imports it by name. ``pip install 'headrace[spark]'`` installs it. See docs/spark.md.
+
+The names below load on first use: loading the ``demo`` command (which ``headrace --help``
+does, to list it) imports this package, and the sink's modules import pyarrow, about 0.2 s.
 """
 
 from __future__ import annotations
 
-from headrace_spark.compact import CompactionReport, compact
-from headrace_spark.errors import (
-    LedgerError,
-    SparkJobCancelled,
-    SparkPythonError,
-    SparkSchemaError,
-    SparkSessionError,
-    SparkSinkError,
-    SparkWriteError,
-)
-from headrace_spark.schema import METADATA_SCHEMA, TableBuilder, schema_of
-from headrace_spark.session import embedded_conf, start_session
-from headrace_spark.sink import CommitInfo, SparkSink
-from headrace_spark.targets import ParquetTarget, TableTarget
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from headrace_spark.compact import CompactionReport, compact
+    from headrace_spark.errors import (
+        LedgerError,
+        SparkJobCancelled,
+        SparkPythonError,
+        SparkSchemaError,
+        SparkSessionError,
+        SparkSinkError,
+        SparkWriteError,
+    )
+    from headrace_spark.schema import METADATA_SCHEMA, TableBuilder, schema_of
+    from headrace_spark.session import embedded_conf, start_session
+    from headrace_spark.sink import CommitInfo, SparkSink
+    from headrace_spark.targets import ParquetTarget, TableTarget
+
+#: Each public name, and the module that defines it.
+_WHERE = {
+    "CompactionReport": "compact",
+    "compact": "compact",
+    "LedgerError": "errors",
+    "SparkJobCancelled": "errors",
+    "SparkPythonError": "errors",
+    "SparkSchemaError": "errors",
+    "SparkSessionError": "errors",
+    "SparkSinkError": "errors",
+    "SparkWriteError": "errors",
+    "METADATA_SCHEMA": "schema",
+    "TableBuilder": "schema",
+    "schema_of": "schema",
+    "embedded_conf": "session",
+    "start_session": "session",
+    "CommitInfo": "sink",
+    "SparkSink": "sink",
+    "ParquetTarget": "targets",
+    "TableTarget": "targets",
+}
 
 __all__ = [
     "METADATA_SCHEMA",
@@ -43,3 +72,16 @@ __all__ = [
     "schema_of",
     "start_session",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'headrace_spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"headrace_spark.{module}"), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
