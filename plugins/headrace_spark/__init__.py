@@ -14,33 +14,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# Light modules (no pyarrow), imported at once. ``compact`` must be: the function shares its
+# name with its module, and importing the module ``headrace_spark.compact`` later would bind the
+# module to the package's name ``compact`` over a function loaded on first use.
+from headrace_spark.compact import CompactionReport, compact
+from headrace_spark.errors import (
+    LedgerError,
+    SparkJobCancelled,
+    SparkPythonError,
+    SparkSchemaError,
+    SparkSessionError,
+    SparkSinkError,
+    SparkWriteError,
+)
+from headrace_spark.targets import ParquetTarget, TableTarget
+
 if TYPE_CHECKING:
-    from headrace_spark.compact import CompactionReport, compact
-    from headrace_spark.errors import (
-        LedgerError,
-        SparkJobCancelled,
-        SparkPythonError,
-        SparkSchemaError,
-        SparkSessionError,
-        SparkSinkError,
-        SparkWriteError,
-    )
     from headrace_spark.schema import METADATA_SCHEMA, TableBuilder, schema_of
     from headrace_spark.session import embedded_conf, start_session
     from headrace_spark.sink import CommitInfo, SparkSink
-    from headrace_spark.targets import ParquetTarget, TableTarget
 
-#: Each public name, and the module that defines it.
+#: Each public name loaded on first use, and the module that defines it.
 _WHERE = {
-    "CompactionReport": "compact",
-    "compact": "compact",
-    "LedgerError": "errors",
-    "SparkJobCancelled": "errors",
-    "SparkPythonError": "errors",
-    "SparkSchemaError": "errors",
-    "SparkSessionError": "errors",
-    "SparkSinkError": "errors",
-    "SparkWriteError": "errors",
     "METADATA_SCHEMA": "schema",
     "TableBuilder": "schema",
     "schema_of": "schema",
@@ -48,8 +43,6 @@ _WHERE = {
     "start_session": "session",
     "CommitInfo": "sink",
     "SparkSink": "sink",
-    "ParquetTarget": "targets",
-    "TableTarget": "targets",
 }
 
 __all__ = [

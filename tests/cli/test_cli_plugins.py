@@ -145,3 +145,16 @@ def test_the_framework_never_imports_the_plugin_or_the_benchmarks() -> None:
                 if name.split(".")[0] in ("headrace_spark", "headrace_bench")
             ]
     assert offenders == []
+
+
+def test_the_spark_packages_names_are_the_same_whatever_is_imported_first() -> None:
+    """The package loads its heavy names on first use; a name it shares with one of its modules
+    (``compact``) must stay the function, even once that module was imported by path."""
+    probe = (
+        "import sys, headrace_spark.compact, headrace_spark.sink, headrace_spark as h; "
+        "from headrace_spark import SparkSink, compact; "
+        "assert callable(compact) and not isinstance(compact, type(sys)), compact; "
+        "assert SparkSink is headrace_spark.sink.SparkSink; "
+        "assert all(getattr(h, name) is not None for name in h.__all__)"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60, capture_output=True)
