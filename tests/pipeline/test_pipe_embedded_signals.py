@@ -183,7 +183,8 @@ async def test_sigint_at_random_moments_reaches_the_app_and_drains(
     to land in the connection's writer or reader (the connection died under the drain, which
     waited out its 30 s with the acks unsent), or in a stage of the pipeline (which stopped
     without a drain, or failed with the ClosedResourceError of the next stage). Now it lands
-    in the application's main task, every time."""
+    in the application's code every time: its main task, or a task of its own (its progress
+    reporter, CI saw once), never in headrace's."""
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     for attempt in range(12):
@@ -191,7 +192,7 @@ async def test_sigint_at_random_moments_reaches_the_app_and_drains(
             orders, nats_server.url, f"ki{attempt}", "ki", rng.uniform(0, 0.3)
         )
         context = f"attempt {attempt}, seed {seed}: {end}"
-        assert end["where"].startswith("__main__.app >"), context
+        assert end["where"].startswith("__main__."), context
         check_drained(code, took, end, info, 130)
 
 

@@ -56,7 +56,7 @@ async def test_cluster_node_and_worker_killed_during_the_run(
         control,
         ack_wait=5.0,
         batch=BATCH,
-        stage_sleep=0.25,
+        stage_sleep=1.0,  # 40 batches over 3 workers: about 13 s, time for the faults
         stale_after=STALE_AFTER,
         sink_options={"writer": "spark", "master": connect_url},
     )
