@@ -135,6 +135,16 @@ class StopLadder:
         self.steps.append(taken)
         return taken
 
+    def after_stopped(self, stop_now: Callable[[], object]) -> Callable[[Arrival], None]:
+        """For :meth:`SignalCatcher.settle` once the outcome was said: the same request again
+        is nothing; a new one calls ``stop_now`` (which ends the process with that outcome)."""
+
+        def late(arrival: Arrival) -> None:
+            if self.feed(arrival).step is not Step.REPEAT:
+                stop_now()
+
+        return late
+
 
 class SignalCatcher:
     """Handlers for ``signals`` from entering the ``with`` block (or :meth:`install`) to leaving

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -71,7 +70,6 @@ from headrace.pipeline.stats import Failure, PipelineStats
 from headrace.shutdown import (
     SAME_REQUEST_WINDOW,
     STOP_SIGNALS,
-    Arrival,
     SignalCatcher,
     Step,
     StopLadder,
@@ -392,16 +390,6 @@ class Runner:
                 self.event("stopped", exit_code=self.hard_exit, hard=True, forced=True)
                 _exit_now(self.hard_exit)
 
-    def _late_signal(self, code: int) -> Callable[[Arrival], None]:
-        """What a signal does once the last ``stopped`` event said ``code``: the same request
-        again is nothing; a new one ends the process at once, with that status."""
-
-        def late(arrival: Arrival) -> None:
-            if self.ladder.feed(arrival).step is not Step.REPEAT:
-                _exit_now(code)
-
-        return late
-
     async def _exit_after(self, seconds: float, code: int) -> None:
         await trio.sleep(seconds)
         # The hard stop is waiting for something that does not cancel (a sink's write in a
@@ -428,7 +416,7 @@ class Runner:
             self.event("stopped", exit_code=code, stats=self._stats())
             # Said: from here on no signal may change the status (no checkpoint in between,
             # so the signals task cannot take one first).
-            self.signals.settle(self._late_signal(code))
+            self.signals.settle(self.ladder.after_stopped(lambda: _exit_now(code)))
             aux.cancel_scope.cancel()
         return code
 

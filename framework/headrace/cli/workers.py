@@ -90,7 +90,6 @@ from headrace.pipeline.stats import PipelineStats
 from headrace.shutdown import (
     SAME_REQUEST_WINDOW,
     STOP_SIGNALS,
-    Arrival,
     SignalCatcher,
     Step,
     StopLadder,
@@ -667,16 +666,6 @@ class Supervisor:
             else:
                 self._kill_all()
 
-    def _late_signal(self, code: int) -> Callable[[Arrival], None]:
-        """After the last ``stopped`` event said ``code``: the same request again is nothing; a
-        new one ends the process at once, with that status (never another one)."""
-
-        def late(arrival: Arrival) -> None:
-            if self.ladder.feed(arrival).step is not Step.REPEAT:
-                _exit_now(code)
-
-        return late
-
     # -- running the workers ----------------------------------------------------------------
 
     def _environment(self, index: int) -> dict[str, str]:
@@ -821,7 +810,7 @@ class Supervisor:
                     stats=self.stats(final=True),
                     restarts=sum(w.restarts for w in self.workers),
                 )
-                self.signals.settle(self._late_signal(code))
+                self.signals.settle(self.ladder.after_stopped(lambda: _exit_now(code)))
                 aux.cancel_scope.cancel()
             return code
         finally:
@@ -880,6 +869,6 @@ def supervise(
         },
     )
     # Caught until the process exits, never uninstalled: after the last `stopped` event a
-    # signal cannot change the exit status (see Supervisor._late_signal).
+    # signal cannot change the exit status (see StopLadder.after_stopped).
     supervisor.signals.install()
     return trio.run(supervisor.main)
