@@ -275,13 +275,11 @@ async def test_a_server_going_away_and_back_is_said_and_counted(
     _assert_never_shown(auth.password, *proc.err, *proc.out, *scrapes)
 
 
-async def test_a_server_error_is_said(
-    nats_server_factory: Any, natspy: Any, tmp_path: Path
-) -> None:
-    """The server refuses our acks (a permission the user lacks): ``server_error`` events, at
-    most one a second, with the server's words. (What the pipeline then does is not this
-    test's business: it may stop on its own, or drain at the signal.)"""
-    password = "acker-secret-9c1d"
+async def _refusing_acks(
+    nats_server_factory: Any, natspy: Any, tmp_path: Path, password: str
+) -> tuple[str, Path]:
+    """A server whose user ``acker`` may not publish acks, 20 orders on it, and a pipeline
+    file: the URL (with the password) and the file."""
     config = (
         "authorization {\n  users: [\n"
         f'    {{ user: "acker", password: "{password}", permissions: {{\n'
@@ -292,7 +290,17 @@ async def test_a_server_error_is_said(
     url = f"nats://acker:{password}@127.0.0.1:{server.port}"
     await create_stream(natspy, url)
     await publish(natspy, 20)
-    path = write_pipeline(tmp_path, MEMORY)
+    return url, write_pipeline(tmp_path, MEMORY)
+
+
+async def test_a_server_error_is_said(
+    nats_server_factory: Any, natspy: Any, tmp_path: Path
+) -> None:
+    """The server refuses our acks (a permission the user lacks): ``server_error`` events, at
+    most one a second, with the server's words. (What the pipeline then does is not this
+    test's business: it may stop on its own, or drain at the signal.)"""
+    password = "acker-secret-9c1d"
+    url, path = await _refusing_acks(nats_server_factory, natspy, tmp_path, password)
     async with headrace("run", str(path), "--nats", url, "--json-logs") as proc:
         _, refused = await proc.wait_event("server_error")
         proc.signal(signal.SIGINT)
@@ -312,17 +320,7 @@ async def test_refused_acks_stop_the_run_as_a_configuration_error(
     """Acks the user may not send would be redelivered for ever: the run stops by itself, with
     exit code 2 (a restart, by a supervisor or --workers, would be refused the same way)."""
     password = "acker-secret-2b7e"
-    config = (
-        "authorization {\n  users: [\n"
-        f'    {{ user: "acker", password: "{password}", permissions: {{\n'
-        '        publish: { deny: ["$JS.ACK.>"] }\n'
-        "    } }\n  ]\n}\n"
-    )
-    server = nats_server_factory(auth=config)
-    url = f"nats://acker:{password}@127.0.0.1:{server.port}"
-    await create_stream(natspy, url)
-    await publish(natspy, 20)
-    path = write_pipeline(tmp_path, MEMORY)
+    url, path = await _refusing_acks(nats_server_factory, natspy, tmp_path, password)
     async with headrace("run", str(path), "--nats", url, "--json-logs") as proc:
         assert await proc.wait_exit() == 2, proc.transcript()
     fatal = [e for e in proc.events() if e["event"] == "error" and e.get("fatal")]
