@@ -13,9 +13,34 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import nats
+import nats.js.errors
 import trio
+from waiting import NO_SUITABLE_PEERS
 
 T = TypeVar("T")
+
+
+async def once_placed_natspy(create: Callable[[], Awaitable[T]], timeout: float = 15) -> T:
+    """The nats-py twin of ``waiting.once_placed``: retry ``create()`` (asyncio) while a fresh
+    cluster cannot place a replicated asset yet (no answer, no leader, a peer counted offline)."""
+
+    def retryable(error: Exception) -> bool:
+        if isinstance(error, (nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            return True
+        if isinstance(error, nats.js.errors.ServiceUnavailableError):
+            return True
+        return isinstance(error, nats.js.errors.APIError) and error.err_code == NO_SUITABLE_PEERS
+
+    async def attempt() -> T:
+        while True:
+            try:
+                return await create()
+            except Exception as error:
+                if not retryable(error):
+                    raise
+            await asyncio.sleep(0.1)  # pacing the retries, not waiting for a condition
+
+    return await asyncio.wait_for(attempt(), timeout)
 
 
 class NatsPyPeer:

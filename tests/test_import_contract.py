@@ -224,9 +224,11 @@ PUBLIC_MODULES = {"headrace.errors", "headrace.shutdown", "headrace.localserver"
 
 def is_public_face(module: str) -> bool:
     names = module.split(".")
-    return module in PUBLIC_MODULES or (
-        len(names) <= 2 and (ROOT / "framework" / Path(*names) / "__init__.py").exists()
-    ) or module == "headrace_spark"
+    return (
+        module in PUBLIC_MODULES
+        or (len(names) <= 2 and (ROOT / "framework" / Path(*names) / "__init__.py").exists())
+        or module == "headrace_spark"
+    )
 
 
 def user_code() -> Iterator[tuple[str, str]]:

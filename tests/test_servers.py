@@ -20,6 +20,7 @@ import pytest
 import trio
 from nats.aio.client import Client
 from nats.js.api import StorageType
+from natspy_peer import once_placed_natspy
 from servers import (
     LDM_LINE,
     META_LEADER_OTHER_RE,
@@ -450,7 +451,9 @@ def test_cluster_routing_and_connect_urls(nats_cluster: NatsCluster) -> None:
             assert msg.data == b"from n2"
 
             js = nc2.jetstream()
-            await js.add_stream(name="R3", subjects=["r3.>"], num_replicas=3)
+            await once_placed_natspy(
+                lambda: js.add_stream(name="R3", subjects=["r3.>"], num_replicas=3)
+            )
             # The stream's subjects reach the other nodes asynchronously too: retry the first
             # publish (its message id keeps a stored retry from counting twice).
             while True:

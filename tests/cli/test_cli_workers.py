@@ -157,9 +157,7 @@ def test_worker_command_line_keeps_every_option() -> None:
     again = parser.parse_args(child[4:])
     secret = {"servers", "password", "token"}  # in the environment, not on the command line
     forwarded = {k: v for k, v in vars(args).items() if k not in SUPERVISOR_ONLY | secret}
-    assert forwarded == {
-        k: v for k, v in vars(again).items() if k not in SUPERVISOR_ONLY | secret
-    }
+    assert forwarded == {k: v for k, v in vars(again).items() if k not in SUPERVISOR_ONLY | secret}
     assert (again.servers, again.password, again.token) == (None, None, None)
     assert worker_secrets(args) == {
         "NATS_URL": ",".join(args.servers),

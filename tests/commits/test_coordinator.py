@@ -29,10 +29,10 @@ from headrace.commits import (
     seqbits,
 )
 from headrace.commits.coordinator import HISTORY
-from headrace.jetstream import JetStream, JetStreamUnavailable
+from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, Operation, create_key_value, key_value
 from headrace.nats import connect
-from waiting import FAST
+from waiting import FAST, once_placed
 
 S = StreamIdentity("S", "2026-01-01T00:00:00.000000Z")
 OWNER = "pipe/sink"
@@ -405,16 +405,12 @@ async def test_a_replicated_bucket_survives_its_leader(nats_cluster, natspy, cli
     that node, or to another) commits again within the coordinator's deadline."""
     async with connect(nats_cluster.urls, **FAST) as admin:
         js = JetStream(admin, timeout=10)
-        with trio.fail_after(40):
-            while True:  # a fresh cluster sometimes needs a moment before it places R3
-                try:
-                    await CommitCoordinator.open(
-                        js, output=OUTPUT, owner=OWNER, worker="admin", replicas=3, create=True
-                    )
-                except JetStreamUnavailable:
-                    await trio.sleep(0.2)  # pacing the retries
-                    continue
-                break
+        # A fresh cluster sometimes needs a moment before it places R3.
+        await once_placed(
+            lambda: CommitCoordinator.open(
+                js, output=OUTPUT, owner=OWNER, worker="admin", replicas=3, create=True
+            )
+        )
         info = await js.stream_info("KV_" + DEFAULT_BUCKET)
         assert info.config.num_replicas == 3
         assert info.cluster is not None and info.cluster.leader

@@ -312,7 +312,9 @@ async def test_consume_waits_out_a_full_max_waiting_without_a_tight_loop(nats_se
         held = await holder.subscribe(inbox)
         await holder.publish(
             # 2 s: the consume's first request must reach the server while the slot is held.
-            "$JS.API.CONSUMER.MSG.NEXT.S.C", b'{"batch":1,"expires":2000000000}', reply=inbox
+            "$JS.API.CONSUMER.MSG.NEXT.S.C",
+            b'{"batch":1,"expires":2000000000}',
+            reply=inbox,
         )
         await poll_consumer(natspy, lambda i: i.num_waiting == 1)
         opts = {"max_messages": 5, "expires": 1, "idle_heartbeat": 0.2}

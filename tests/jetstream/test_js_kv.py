@@ -38,6 +38,7 @@ from headrace.jetstream.kv import (
 from headrace.nats import connect
 from headrace.protocol import Headers
 from raw_publish import raw_hpub
+from waiting import once_placed
 
 TIMEOUT = 10
 
@@ -383,7 +384,9 @@ async def test_racing_updates_on_a_replicated_bucket(nats_cluster):
         connect(urls[1]) as nc1,
         connect(urls[2]) as nc2,
     ):
-        first = await create_key_value(JetStream(nc0), KeyValueConfig(bucket="C", replicas=3))
+        first = await once_placed(
+            lambda: create_key_value(JetStream(nc0), KeyValueConfig(bucket="C", replicas=3))
+        )
         # Handles without key_value(): its STREAM.INFO may go unanswered by a server whose
         # metadata has not caught up with the creation yet.
         handles = [first] + [KeyValue(JetStream(nc), "C") for nc in (nc1, nc2)]

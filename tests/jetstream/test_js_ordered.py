@@ -20,7 +20,7 @@ from headrace.jetstream import (
     SubscribeError,
 )
 from headrace.nats import Reconnected, connect
-from waiting import FAST, next_event
+from waiting import FAST, next_event, once_placed
 
 E = TypeVar("E")
 HB = 0.1  # the server's minimum idle heartbeat: a lost consumer is noticed after 0.3 s
@@ -248,7 +248,9 @@ async def test_survives_a_cluster_node_kill(nats_cluster):
     total = 300
     async with connect(nats_cluster.urls, **FAST) as nc:
         js = JetStream(nc)
-        await js.add_stream(StreamConfig(name="S", subjects=["s.>"], num_replicas=3))
+        await once_placed(
+            lambda: js.add_stream(StreamConfig(name="S", subjects=["s.>"], num_replicas=3))
+        )
         # The stream's subjects reach the other nodes over the routes in their own time:
         # the first publish is retried until one is stored (a message id keeps it once).
         with trio.fail_after(10):

@@ -15,11 +15,10 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from headrace.errors import HeadraceError, RequestTimeout
+from headrace.errors import HeadraceError
 from headrace.jetstream import (
     HeartbeatsMissed,
     JetStream,
-    JetStreamUnavailable,
     PullWarning,
     StreamConfig,
 )
@@ -31,7 +30,7 @@ from js_pull_support import (
     setup_pull,
     use_probe,
 )
-from waiting import FAST, EventLog, next_event
+from waiting import FAST, EventLog, next_event, once_placed
 
 pytestmark = pytest.mark.slow
 
@@ -152,14 +151,9 @@ async def test_consume_survives_the_consumer_leader_being_killed(nats_cluster, n
     async with connect(nats_cluster.urls, **FAST) as admin:
         js = JetStream(admin, timeout=10)
         # A fresh cluster sometimes needs a moment more before it places an R3 stream.
-        with trio.fail_after(40):
-            while True:
-                try:
-                    await js.add_stream(StreamConfig(name="S", subjects=["s.>"], num_replicas=3))
-                except (RequestTimeout, JetStreamUnavailable):
-                    await trio.sleep(0.1)  # pacing the retries
-                    continue
-                break
+        await once_placed(
+            lambda: js.add_stream(StreamConfig(name="S", subjects=["s.>"], num_replicas=3))
+        )
         await setup_pull(js, ack_wait=2)
         leader = await _consumer_leader(js)
     victim = int(leader.removeprefix("n"))

@@ -206,9 +206,7 @@ async def test_records_the_sink_says_are_bad_are_isolated_at_once(nats_server, p
     assert sink.attempts[:3] == [[1, 2, 3, 4], [1, 2], [3, 4]]
 
 
-async def test_past_the_retry_deadline_the_pipeline_stops_and_naks_what_it_holds(
-    nats_server, peer
-):
+async def test_past_the_retry_deadline_the_pipeline_stops_and_naks_what_it_holds(nats_server, peer):
     await publish(peer, 6)
     sink = DownFor()
     pipe = fast_pipeline(sink_retry=SinkRetry(backoff=0.1, deadline=1.0))
@@ -360,7 +358,13 @@ async def test_a_message_committed_in_part_and_rejected_in_part_is_poison_at_onc
         stats = run.stats
         assert stats.acks == 3 and stats.naks == 0 and stats.dead_lettered == 1
     assert sorted((r.stream_seq, r.value) for r in sink.records) == [
-        (1, "a"), (1, "b"), (2, "a"), (2, "b"), (3, "a"), (4, "a"), (4, "b")
+        (1, "a"),
+        (1, "b"),
+        (2, "a"),
+        (2, "b"),
+        (3, "a"),
+        (4, "a"),
+        (4, "b"),
     ]
     assert info.num_redelivered == 0
     dead = await peer.call(peer.nc.jetstream().get_last_msg, "DLQ", "dlq.half")
@@ -387,9 +391,9 @@ async def test_rejecting_records_not_in_the_batch_fails_the_whole_batch(nats_ser
         await wait_stats(lambda: run.stats.naks == 3, what="three naks")
         assert run.stats.acks == 0
         assert run.stats.batches_failed >= 3
-        assert all(
-            "rejected records not in the batch" in str(e.error) for e in run.errors
-        ), run.errors
+        assert all("rejected records not in the batch" in str(e.error) for e in run.errors), (
+            run.errors
+        )
 
 
 async def test_poison_without_a_dead_letter_subject_is_terminated_and_reported(nats_server, peer):

@@ -64,9 +64,7 @@ async def test_cluster_node_and_worker_killed_during_the_run(
     async with running_workers(pipeline, servers, tmp_path, 3) as workers:
         # Under way: Spark Connect sessions opened, batches committing.
         try:
-            await wait_consumer(
-                natspy, lambda i: i.ack_floor.stream_seq > 0, "ORDERS", "lake", 120
-            )
+            await wait_consumer(natspy, lambda i: i.ack_floor.stream_seq > 0, "ORDERS", "lake", 120)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{workers.transcript()}") from None
         await trio.to_thread.run_sync(nats_cluster.kill_node, 2)

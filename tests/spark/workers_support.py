@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from natspy_peer import once_placed_natspy
 from procs import LineProcess
 from spark_procs import child_env, json_events
 
@@ -310,7 +311,9 @@ async def create_orders(natspy: Any, n: int, *, replicas: int = 1, start: int = 
         try:
             await js.stream_info("ORDERS")
         except Exception:
-            await js.add_stream(name="ORDERS", subjects=["orders.>"], num_replicas=replicas)
+            await once_placed_natspy(
+                lambda: js.add_stream(name="ORDERS", subjects=["orders.>"], num_replicas=replicas)
+            )
 
     async def publish(ids: range) -> None:
         # Each with a message id, retried until the stream acks it: a replicated stream just
@@ -375,4 +378,3 @@ async def wait_quiet_output(out: Path, natspy: Any, timeout: float) -> dict[str,
         raise AssertionError(
             f"still staged: {staged(out)}; state: {json.dumps(state)[:2000]}"
         ) from None
-
