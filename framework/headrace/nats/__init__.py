@@ -5,7 +5,7 @@ change (docs/architecture.md, "Public and internal").
 """
 
 from headrace.nats.auth import Credentials
-from headrace.nats.connection import Connection, Statistics, connect
+from headrace.nats.connection import Connection, connect
 from headrace.nats.delivery import SlowConsumerPolicy
 from headrace.nats.events import (
     Closed,
@@ -22,6 +22,7 @@ from headrace.nats.events import (
 )
 from headrace.nats.options import ConnectOptions
 from headrace.nats.servers import ServerAddress, redact_url
+from headrace.nats.statistics import Statistics
 from headrace.nats.subscription import Subscription
 from headrace.nats.tls import TLSConfig
 

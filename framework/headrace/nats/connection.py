@@ -18,9 +18,11 @@ re-sends CONNECT, then every SUB, then what was published meanwhile, before ``Re
 
 What to say and what the server's words mean is not decided here: one sans-IO
 :class:`~headrace.protocol.session.ClientSession` per connection owns the handshake, the merged
-INFO, the PINGs outstanding, the SUB table and its replay, and the meaning of ``-ERR``. This
-module is its driver: it owns the sockets, TLS, the clock, the tasks, the server pool, the
-outbound buffer and the user-facing API, and acts on the session's notices.
+INFO, the PINGs outstanding, the SUB table and its replay, and the meaning of ``-ERR``; which
+server to dial next, when, and when to give up is :class:`~headrace.nats.redial.Redial`'s (also
+sans-IO); :func:`~headrace.nats.dial.dial` moves the handshake's bytes over TCP and TLS. This
+module is the driver: it owns the clock, the tasks, the live socket, the outbound buffer and
+the user-facing API, and acts on the session's notices.
 
 The supervisor and session tasks, and the calls that change the connection's state in several
 steps (queueing, subscribing, terminating), are protected from ``KeyboardInterrupt``
@@ -36,16 +38,13 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
 import trio
 
 from headrace._trio import BodyError
 from headrace._version import __version__
 from headrace.errors import (
-    AuthorizationError,
     ConnectionClosedError,
     ConnectionLostError,
-    ConnectTimeout,
     DrainTimeout,
     FlushTimeout,
     NatsError,
@@ -54,10 +53,10 @@ from headrace.errors import (
     PermissionViolation,
     ProtocolError,
     RequestTimeout,
-    TLSError,
 )
-from headrace.nats.auth import Credentials, auth_fields
+from headrace.nats.auth import Credentials
 from headrace.nats.delivery import SlowConsumerPolicy
+from headrace.nats.dial import DIAL_ERRORS, Transport, dial
 from headrace.nats.events import (
     Closed,
     Connected,
@@ -75,13 +74,13 @@ from headrace.nats.events import (
 from headrace.nats.inbox import RequestMux, new_inbox
 from headrace.nats.options import DEFAULT_URL, ConnectOptions
 from headrace.nats.outbound import OutboundBuffer, PongWaiter
-from headrace.nats.servers import PoolEntry, ServerAddress, ServerPool, backoff_delay
+from headrace.nats.redial import Dial, GiveUp, Redial, fatal_on_first_connect
+from headrace.nats.servers import PoolEntry, ServerAddress, ServerPool
+from headrace.nats.statistics import Statistics
 from headrace.nats.subscription import BatchHandler, Subscription
-from headrace.nats.tls import TLSConfig
 from headrace.protocol.commands import encode_hpub, encode_pub
 from headrace.protocol.events import Event, Msg, ServerInfo, messages_size
 from headrace.protocol.headers import Headers, encode_header_block
-from headrace.protocol.parser import ProtocolParser
 from headrace.protocol.session import (
     ClientSession,
     InfoChanged,
@@ -91,46 +90,6 @@ from headrace.protocol.session import (
     ServerErrorReport,
     SessionConfig,
 )
-
-# What a failed attempt on one server can raise; the next server is tried. ValueError covers
-# host names the resolver refuses (an IDNA UnicodeError for "a..b").
-_HANDSHAKE_ERRORS = (OSError, ValueError, NatsError, ProtocolError, trio.BrokenResourceError)
-
-
-@attrs.define(slots=True)
-class Statistics:
-    """Counters over the connection's whole life, across reconnects (ADR-40).
-
-    ``in_bytes`` and ``out_bytes`` count message bytes (header block plus payload), as the
-    server's ``/connz`` and the other NATS clients do, so the figures compare. What crossed the
-    socket (protocol lines, PINGs, the handshake) is ``in_wire_bytes`` / ``out_wire_bytes``.
-    """
-
-    in_msgs: int = 0
-    out_msgs: int = 0
-    #: Header and payload bytes of the messages received.
-    in_bytes: int = 0
-    #: Header and payload bytes of the messages published (queued to be sent).
-    out_bytes: int = 0
-    connects: int = 0
-    reconnects: int = 0
-    #: Socket writes (``send_all`` calls): far fewer than ``out_msgs`` when writes coalesce.
-    writes: int = 0
-    #: Bytes read from the socket, everything included.
-    in_wire_bytes: int = 0
-    #: Bytes written to the socket, everything included.
-    out_wire_bytes: int = 0
-
-
-@attrs.define(slots=True, eq=False)
-class _Transport:
-    """One established, handshaken connection to one server."""
-
-    stream: trio.abc.Stream
-    entry: PoolEntry
-    info: ServerInfo
-    parser: ProtocolParser
-    leftover: list[Event]
 
 
 class _ReconnectRequested(Exception):
@@ -146,6 +105,14 @@ class Connection:
             options.servers,
             randomize=not options.dont_randomize,
             use_discovered=not options.ignore_discovered_servers,
+        )
+        self._redial = Redial(
+            self._pool,
+            max_attempts=options.max_reconnect_attempts,
+            wait=options.reconnect_wait,
+            wait_max=options.reconnect_wait_max,
+            jitter=options.reconnect_jitter,
+            custom=options.reconnect_delay,
         )
         self._out = OutboundBuffer(options.write_buffer_size, options.reconnect_buffer_size)
         self._hub: EventHub[ConnectionEvent] = EventHub()
@@ -168,7 +135,7 @@ class Connection:
         self._connected = trio.Event()
         self._closed = trio.Event()
         self._close_error: BaseException | None = None
-        self._transport: _Transport | None = None
+        self._transport: Transport | None = None
         self._last_info: ServerInfo | None = None
         self._last_address: ServerAddress | None = None
         self._session_scope: trio.CancelScope | None = None
@@ -521,15 +488,20 @@ class Connection:
 
     # -- the supervisor -----------------------------------------------------------------------
 
-    async def _connect_initial(self) -> _Transport:
+    async def _open(self, entry: PoolEntry) -> Transport:
+        self._redial.dialing(entry, trio.current_time())
+        return await dial(entry, self._opts, self._session, self.stats)
+
+    async def _connect_initial(self) -> Transport:
+        """Each server once; refused credentials or TLS end it at once (see ``redial``)."""
         errors: dict[str, BaseException] = {}
         for _ in range(len(self._pool)):
             entry = self._pool.next()
             try:
                 return await self._open(entry)
-            except (AuthorizationError, TLSError):
-                raise
-            except _HANDSHAKE_ERRORS as exc:
+            except DIAL_ERRORS as exc:
+                if fatal_on_first_connect(exc):
+                    raise
                 entry.last_error = exc
                 errors[str(entry.address)] = exc
         detail = "; ".join(f"{url}: {exc}" for url, exc in errors.items())
@@ -538,7 +510,7 @@ class Connection:
     @trio.lowlevel.enable_ki_protection
     async def _supervise(
         self,
-        transport: _Transport | None,
+        transport: Transport | None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         if transport is None:
@@ -553,8 +525,7 @@ class Connection:
                             return
                     error = await self._run_session(transport, task_status)
                     task_status = trio.TASK_STATUS_IGNORED
-                    # Try the other servers before coming back to the one we just lost.
-                    self._pool.demote(transport.entry)
+                    self._redial.lost(transport.entry)
                     transport = None
                     if self.is_closed:
                         return
@@ -571,49 +542,31 @@ class Connection:
         finally:
             self._supervisor_done.set()
 
-    async def _reconnect(self) -> _Transport | None:
-        """Walk the pool until a server takes us, or the attempts run out (then close).
-
-        Every server never tried, or not tried for a while, is dialled at once (so the first
-        pass is immediate, ADR-40). A server dialled recently waits until its backoff has passed
-        since that dial: ``reconnect_wait`` doubled per consecutive failure on it, capped, with
-        jitter. This also paces a server that accepts and then drops us at once: it is dialled
-        at most once per ``reconnect_wait``.
-        """
-        opts = self._opts
-        attempts = 0
-        last: BaseException | None = None
+    async def _reconnect(self) -> Transport | None:
+        """Dial what :class:`~headrace.nats.redial.Redial` says, when it says, until a server
+        takes us or it gives up (then close)."""
+        redial = self._redial
         while True:
-            if opts.max_reconnect_attempts is not None and attempts >= opts.max_reconnect_attempts:
-                self._terminate(last or ConnectionClosedError("no reconnect attempts allowed"))
+            step = redial.next()
+            if type(step) is GiveUp:
+                self._terminate(step.error)
                 return None
-            entry = self._pool.next()
-            if entry.last_attempt is not None:
-                delay = backoff_delay(
-                    max(entry.failed_attempts, 1),
-                    initial=opts.reconnect_wait,
-                    maximum=opts.reconnect_wait_max,
-                    jitter=opts.reconnect_jitter,
-                    custom=opts.reconnect_delay,
-                )
-                await trio.sleep_until(entry.last_attempt + delay)
+            assert type(step) is Dial
+            await trio.sleep_until(step.at)
             try:
-                return await self._open(entry)
-            except _HANDSHAKE_ERRORS as exc:
-                attempts += 1
-                entry.failed_attempts += 1
-                entry.last_error = last = exc
+                return await self._open(step.entry)
+            except DIAL_ERRORS as exc:
+                redial.failed(step.entry, exc)
 
     async def _run_session(
-        self, t: _Transport, task_status: trio.TaskStatus[None]
+        self, t: Transport, task_status: trio.TaskStatus[None]
     ) -> BaseException | None:
         """Run reader, writer and pinger on ``t`` until one fails or we are told to stop."""
         self._transport = t
         self._last_address = t.entry.address
         self._last_info = t.info
         self._session_error = None
-        t.entry.failed_attempts = 0
-        t.entry.did_connect = True
+        self._redial.connected(t.entry)
         # Synchronously, so that no subscribe() can slip between the snapshot and the switch:
         # every SUB first, then what was queued while we were away.
         resubs = self._session.established()
@@ -660,7 +613,7 @@ class Connection:
     # -- session tasks ------------------------------------------------------------------------
 
     @trio.lowlevel.enable_ki_protection
-    async def _reader(self, t: _Transport) -> None:
+    async def _reader(self, t: Transport) -> None:
         stream, parser, stats = t.stream, t.parser, self.stats
         read_size = self._opts.read_size
         if t.leftover:
@@ -764,7 +717,7 @@ class Connection:
             raise error
 
     @trio.lowlevel.enable_ki_protection
-    async def _writer(self, t: _Transport) -> None:
+    async def _writer(self, t: Transport) -> None:
         out, stream, stats = self._out, t.stream, self.stats
         while True:
             await out.wait()
@@ -781,97 +734,6 @@ class Connection:
             await trio.sleep(opts.ping_interval)
             session.ping_due(trio.current_time())  # raises once the connection is stale
             self._out.request_ping(None)
-
-    # -- handshake ----------------------------------------------------------------------------
-
-    async def _open(self, entry: PoolEntry) -> _Transport:
-        """TCP connect, INFO, TLS as needed, CONNECT + PING, and wait for the PONG."""
-        opts = self._opts
-        address = entry.address
-        entry.last_attempt = trio.current_time()
-        try:
-            with trio.fail_after(opts.connect_timeout):
-                tcp = await trio.open_tcp_stream(address.host, address.port)
-                try:
-                    return await self._handshake(entry, tcp)
-                except BaseException:
-                    await trio.aclose_forcefully(tcp)
-                    raise
-        except trio.TooSlowError:
-            raise ConnectTimeout(
-                f"{address} did not complete the handshake within {opts.connect_timeout}s"
-            ) from None
-
-    async def _handshake(self, entry: PoolEntry, tcp: trio.SocketStream) -> _Transport:
-        """Drive the session through INFO, TLS, CONNECT + PING and the PONG (ADR-40)."""
-        opts = self._opts
-        address = entry.address
-        session = self._session
-        tls = opts.tls
-        tls_first = tls is not None and tls.handshake_first
-        parser = ProtocolParser(opts.max_control_line)
-        stream: trio.abc.Stream = tcp
-        if tls_first:
-            assert tls is not None
-            stream = await self._start_tls(tcp, entry, tls)
-        session.connection_made(str(address))
-        try:
-            info = None
-            while info is None:
-                info = session.receive_info(parser.feed(await self._receive(stream, address)))
-            want_tls = tls is not None or address.tls
-            if session.upgrade_tls(
-                want_tls=want_tls, tls_first=tls_first, buffered=bool(parser.buffered)
-            ):
-                stream = await self._start_tls(tcp, entry, tls or TLSConfig())
-            auth = auth_fields(opts.credentials, address, info.nonce)
-            hello = session.connect_command(tls=stream is not tcp, auth=auth)
-            try:
-                await stream.send_all(hello)
-                self.stats.out_wire_bytes += len(hello)
-            except trio.BrokenResourceError as exc:
-                raise ConnectionResetError(f"{address} closed the connection: {exc}") from exc
-            leftover = None
-            while leftover is None:
-                events = parser.feed(await self._receive(stream, address))
-                leftover = session.receive_handshake(events)
-                owed = session.data_to_send()
-                if owed:
-                    await stream.send_all(owed)
-                    self.stats.out_wire_bytes += len(owed)
-        except BaseException:
-            session.connection_lost()
-            raise
-        assert session.info is not None
-        return _Transport(stream, entry, session.info, parser, leftover)
-
-    async def _start_tls(
-        self, tcp: trio.SocketStream, entry: PoolEntry, tls: TLSConfig
-    ) -> trio.SSLStream[trio.SocketStream]:
-        address = entry.address
-        # A discovered server is often an IP; its certificate names the cluster's host name,
-        # which is the name of the server that told us about it.
-        hostname = tls.hostname or entry.tls_name or address.host
-        ssl_stream = trio.SSLStream(tcp, tls.make_context(), server_hostname=hostname)
-        try:
-            await ssl_stream.do_handshake()
-        except trio.BrokenResourceError as exc:
-            cause = exc.__cause__ or exc
-            raise TLSError(f"TLS handshake with {address} failed: {cause}") from exc
-        return ssl_stream
-
-    async def _receive(self, stream: trio.abc.Stream, address: ServerAddress) -> bytes:
-        try:
-            data = await stream.receive_some(self._opts.read_size)
-        except trio.BrokenResourceError as exc:
-            cause = exc.__cause__ or exc
-            if "SSL" in type(cause).__name__ or "ssl" in str(cause).lower():
-                raise TLSError(f"TLS with {address} failed: {cause}") from exc
-            raise ConnectionResetError(f"{address} closed the connection: {cause}") from exc
-        if not data:
-            raise ConnectionResetError(f"{address} closed the connection during the handshake")
-        self.stats.in_wire_bytes += len(data)
-        return bytes(data)
 
     # -- ending -------------------------------------------------------------------------------
 
@@ -1001,7 +863,7 @@ async def connect(
     # The first connection is made outside the nursery, and the body's own exception is kept
     # out of it too, so the caller sees typed errors as raised, not wrapped in an
     # ExceptionGroup. Failures of the connection's own tasks still propagate, as they should.
-    transport: _Transport | None = None
+    transport: Transport | None = None
     if not options.retry_on_failed_connect:
         transport = await conn._connect_initial()
     body = BodyError()

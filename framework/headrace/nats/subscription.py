@@ -14,16 +14,13 @@ the messages already buffered).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import trio
 
 from headrace.errors import SubscriptionClosedError
 from headrace.nats.delivery import DeliveryQueue, SlowConsumerPolicy
 from headrace.protocol.events import Msg
-
-if TYPE_CHECKING:
-    from headrace.nats.connection import Connection
 
 
 class BatchHandler(Protocol):
@@ -32,12 +29,27 @@ class BatchHandler(Protocol):
     def __call__(self, batch: list[Msg]) -> None: ...
 
 
+class SubscriptionOwner(Protocol):
+    """What a subscription asks of the connection that made it: the connection owns the SUB
+    table and the socket, so ending or draining goes through it. Named here, and met by
+    :class:`~headrace.nats.connection.Connection`, so that this module never imports that
+    one: the connection makes subscriptions, not the other way round."""
+
+    async def _unsubscribe(self, sub: Subscription, max_msgs: int | None) -> None: ...
+
+    async def _drain_subscription(self, sub: Subscription, timeout: float | None) -> None: ...
+
+    def _report_slow_consumer(self, sub: Subscription) -> None: ...
+
+    def _forget(self, sub: Subscription) -> None: ...
+
+
 class Subscription:
     """Interest in ``subject`` (optionally in a queue group) on one connection."""
 
     def __init__(
         self,
-        conn: Connection,
+        conn: SubscriptionOwner,
         sid: int,
         subject: str,
         queue: str | None,
