@@ -140,9 +140,10 @@ class ProbeBuffer(ConsumeBuffer):
         super()._on_batch(batch)
         self._note()
 
-    def _pull(self) -> None:
-        super()._pull()
+    def _pull(self) -> bool:
+        sent = super()._pull()  # the production answer: callers branch on it
         self._note()
+        return sent
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 5) -> None:
         with trio.fail_after(timeout):
