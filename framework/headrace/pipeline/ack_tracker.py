@@ -45,7 +45,7 @@ from headrace.pipeline.stats import PipelineStats
 
 if TYPE_CHECKING:
     from headrace.jetstream.context import JetStream
-    from headrace.pipeline.graph import Pipeline
+    from headrace.pipeline.nodes import PipelineGraph
 
 DEFAULT_ACK_WAIT = 30.0
 #: How long one poison message's dead-letter publish and +TERM may take, shielded from a stop.
@@ -96,7 +96,7 @@ KeepAlive = Callable[[float], int]
 
 
 class AckTracker(Actor[_Poison | _Wake]):
-    def __init__(self, pipeline: Pipeline, js: JetStream, stats: PipelineStats) -> None:
+    def __init__(self, pipeline: PipelineGraph, js: JetStream, stats: PipelineStats) -> None:
         super().__init__("ack-tracker", inbox_size=math.inf)
         self.pipeline = pipeline
         self.js = js

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from headrace.pipeline.graph import Node, Pipeline
+    from headrace.pipeline.nodes import Node, PipelineGraph
 
 
 def _label(text: str) -> str:
@@ -34,7 +34,7 @@ def _internal_actors(node: Node) -> list[str]:
 
 
 def mermaid(
-    pipeline: Pipeline,
+    pipeline: PipelineGraph,
     states: dict[str, str],
     internal_actors: dict[str, list[str]] | None = None,
 ) -> str:

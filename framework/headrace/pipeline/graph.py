@@ -18,169 +18,32 @@ restart policy decide.
 
 The graph is validated before it runs (:meth:`Pipeline.validate`), with errors that name the
 node, and can be described as a Mermaid diagram, internal actors included.
+
+The graph itself (:class:`Node`, the settings and the checks) is in nodes.py, below the runtime;
+this module adds what draws and runs it, so that it alone imports the runtime and nothing
+imports it back.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
-import attrs
-
-from headrace.actors.supervision import Escalate, RestartPolicy
-from headrace.commits.coordinator import DEFAULT_BUCKET
-from headrace.jetstream.kv import check_bucket_name
-from headrace.pipeline.batch import BatchPolicy
+from headrace.pipeline.describe import mermaid
 from headrace.pipeline.errors import PipelineError as PipelineError  # defined here before
-from headrace.pipeline.sink_retry import SinkRetry
-from headrace.pipeline.source import JetStreamSource
+from headrace.pipeline.nodes import OPERATORS as OPERATORS  # the graph was defined here before
+from headrace.pipeline.nodes import Kind as Kind
+from headrace.pipeline.nodes import Node as Node
+from headrace.pipeline.nodes import Ordering as Ordering
+from headrace.pipeline.nodes import PipelineGraph
+from headrace.pipeline.runtime import PipelineRun
 
 if TYPE_CHECKING:
     from headrace.nats.connection import Connection
-    from headrace.pipeline.runtime import PipelineRun
-
-Kind = Literal["source", "map", "filter", "flat_map", "merge", "sink"]
-Ordering = Literal["all", "subject", "none"]
-OPERATORS = ("map", "filter", "flat_map")
 
 
-@attrs.define(eq=False, kw_only=True)
-class Node:
-    """A node of the graph: a source, an operator, a merge, or a sink."""
-
-    pipeline: Pipeline
-    kind: Kind
-    name: str
-    upstream: list[Node] = attrs.field(factory=list)
-    downstream: list[Node] = attrs.field(factory=list)
-    #: source
-    source: JetStreamSource | None = None
-    #: operators
-    fn: Callable[..., Any] | None = None
-    concurrency: int = 1
-    ordered: Ordering = "all"
-    record: bool = False
-    on_error: Literal["nak", "crash"] = "nak"
-    #: sinks
-    sink_obj: Any = None
-    batch: BatchPolicy = attrs.field(factory=BatchPolicy)
-    #: How the sink's failed writes are retried (None: the pipeline's ``sink_retry``).
-    retry: SinkRetry | None = None
-    restart: RestartPolicy = attrs.field(factory=Escalate)
-
-    def __repr__(self) -> str:
-        return f"<{self.kind} {self.name!r}>"
-
-    def _then(self, kind: Kind, fn: Callable[..., Any] | None, name: str | None, **kw: Any) -> Node:
-        if self.kind == "sink":
-            raise PipelineError(f"sink {self.name!r} has no output to continue from")
-        node = self.pipeline._add(kind, name or _fn_name(fn, kind), fn=fn, **kw)
-        node.upstream.append(self)
-        self.downstream.append(node)
-        return node
-
-    def map(
-        self,
-        fn: Callable[[Any], Any],
-        *,
-        name: str | None = None,
-        concurrency: int = 1,
-        ordered: Ordering = "all",
-        record: bool = False,
-        on_error: Literal["nak", "crash"] = "nak",
-        restart: RestartPolicy | None = None,
-    ) -> Node:
-        """Each record's value becomes ``fn(value)``."""
-        return self._then(
-            "map",
-            fn,
-            name,
-            concurrency=concurrency,
-            ordered=ordered,
-            record=record,
-            on_error=on_error,
-            restart=restart or Escalate(),
-        )
-
-    def filter(
-        self,
-        fn: Callable[[Any], Any],
-        *,
-        name: str | None = None,
-        concurrency: int = 1,
-        ordered: Ordering = "all",
-        record: bool = False,
-        on_error: Literal["nak", "crash"] = "nak",
-        restart: RestartPolicy | None = None,
-    ) -> Node:
-        """Keep the records for which ``fn`` is true; the others' messages are acked when
-        dropped."""
-        return self._then(
-            "filter",
-            fn,
-            name,
-            concurrency=concurrency,
-            ordered=ordered,
-            record=record,
-            on_error=on_error,
-            restart=restart or Escalate(),
-        )
-
-    def flat_map(
-        self,
-        fn: Callable[[Any], Any],
-        *,
-        name: str | None = None,
-        concurrency: int = 1,
-        ordered: Ordering = "all",
-        record: bool = False,
-        on_error: Literal["nak", "crash"] = "nak",
-        restart: RestartPolicy | None = None,
-    ) -> Node:
-        """Each record becomes the records of the values ``fn(value)`` yields (none drops it)."""
-        return self._then(
-            "flat_map",
-            fn,
-            name,
-            concurrency=concurrency,
-            ordered=ordered,
-            record=record,
-            on_error=on_error,
-            restart=restart or Escalate(),
-        )
-
-    def sink(
-        self,
-        sink: Any,
-        *,
-        name: str | None = None,
-        batch: BatchPolicy | None = None,
-        retry: SinkRetry | None = None,
-        restart: RestartPolicy | None = None,
-    ) -> Node:
-        """Write records to ``sink`` in batches cut by ``batch``; records are acked after the
-        sink committed them. ``retry``: how failed writes are retried (default: the
-        pipeline's ``sink_retry``; docs/failures.md)."""
-        default = getattr(sink, "name", None) or type(sink).__name__.lower()
-        return self._then(
-            "sink",
-            None,
-            name or default,
-            sink_obj=sink,
-            batch=batch or BatchPolicy(),
-            retry=retry,
-            restart=restart or Escalate(),
-        )
-
-
-def _fn_name(fn: Callable[..., Any] | None, kind: str) -> str:
-    name = getattr(fn, "__name__", "") if fn is not None else ""
-    return kind if not name or name == "<lambda>" else name
-
-
-class Pipeline:
+class Pipeline(PipelineGraph):
     """A named graph of sources, operators and sinks, and how its deliveries are acked.
 
     ``max_deliveries``: a message whose processing failed this many deliveries is a poison
@@ -197,175 +60,6 @@ class Pipeline:
     docs/failures.md).
     """
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        dead_letter: str | None = None,
-        max_deliveries: int = 5,
-        nak_delay: float = 1.0,
-        nak_delay_max: float = 60.0,
-        drain_timeout: float = 30.0,
-        max_in_flight: int | None = None,
-        commit_bucket: str = DEFAULT_BUCKET,
-        sink_retry: SinkRetry | None = None,
-        allow_termination: bool = False,
-    ) -> None:
-        if not name:
-            raise PipelineError("a pipeline needs a name")
-        if max_deliveries < 1:
-            raise PipelineError("max_deliveries must be at least 1")
-        self.name = name
-        self.dead_letter = dead_letter
-        self.max_deliveries = max_deliveries
-        self.nak_delay = nak_delay
-        self.nak_delay_max = nak_delay_max
-        self.drain_timeout = drain_timeout
-        if max_in_flight is not None and max_in_flight < 1:
-            raise PipelineError("max_in_flight must be at least 1")
-        self.max_in_flight = max_in_flight
-        self.commit_bucket = check_bucket_name(commit_bucket)
-        self.sink_retry = sink_retry or SinkRetry()
-        self.allow_termination = allow_termination
-        self.nodes: list[Node] = []
-
-    def __repr__(self) -> str:
-        return f"<Pipeline {self.name!r} {len(self.nodes)} nodes>"
-
-    def _add(self, kind: Kind, name: str, **kw: Any) -> Node:
-        taken = {n.name for n in self.nodes}
-        unique, i = name, 2
-        while unique in taken:
-            unique, i = f"{name}-{i}", i + 1
-        node = Node(pipeline=self, kind=kind, name=unique, **kw)
-        self.nodes.append(node)
-        return node
-
-    def node(self, name: str) -> Node:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
-
-    def source(self, spec: JetStreamSource, *, name: str | None = None) -> Node:
-        """A JetStream source (see :class:`JetStreamSource`)."""
-        if not isinstance(spec, JetStreamSource):
-            raise PipelineError(f"a source must be a JetStreamSource, not {spec!r}")
-        return self._add("source", name or spec.durable or spec.stream.lower(), source=spec)
-
-    def merge(self, *nodes: Node, name: str | None = None) -> Node:
-        """One flow from several: records of every input, interleaved as they come."""
-        if len(nodes) < 2:
-            raise PipelineError("merge needs at least two inputs")
-        node = self._add("merge", name or "merge")
-        for upstream in nodes:
-            if upstream.pipeline is not self:
-                raise PipelineError(f"{upstream!r} belongs to another pipeline")
-            if upstream.kind == "sink":
-                raise PipelineError(f"sink {upstream.name!r} has no output to merge")
-            node.upstream.append(upstream)
-            upstream.downstream.append(node)
-        return node
-
-    @property
-    def sources(self) -> list[Node]:
-        return [n for n in self.nodes if n.kind == "source"]
-
-    @property
-    def sinks(self) -> list[Node]:
-        return [n for n in self.nodes if n.kind == "sink"]
-
-    # -- checking ---------------------------------------------------------------------------
-
-    def validate(self) -> None:
-        """Raise :class:`PipelineError`, naming the node, for a graph that cannot run."""
-        if not self.sources:
-            raise PipelineError(f"pipeline {self.name!r} has no source")
-        if not self.sinks:
-            raise PipelineError(f"pipeline {self.name!r} has no sink: nothing would be committed")
-        for node in self.nodes:
-            if node.kind != "sink" and not node.downstream:
-                raise PipelineError(
-                    f"{node.kind} {node.name!r} is not connected to anything downstream: its "
-                    "records would never be committed or acked; add a sink after it"
-                )
-            if node.kind in OPERATORS:
-                if node.concurrency < 1:
-                    raise PipelineError(f"{node.kind} {node.name!r}: concurrency must be >= 1")
-                if node.ordered not in ("all", "subject", "none"):
-                    raise PipelineError(
-                        f"{node.kind} {node.name!r}: ordered must be 'all', 'subject' or 'none'"
-                    )
-                if not callable(node.fn):
-                    raise PipelineError(f"{node.kind} {node.name!r}: its function is not callable")
-                if node.concurrency > 1 and not inspect.iscoroutinefunction(node.fn):
-                    pass  # sync functions run in worker threads then
-            if node.kind == "sink" and not callable(getattr(node.sink_obj, "write_batch", None)):
-                raise PipelineError(f"sink {node.name!r} has no write_batch(batch) method")
-        self._check_acyclic()
-        for sink in self.sinks:
-            for src in self.sources_of(sink):
-                assert src.source is not None
-                limit = src.source.config.max_ack_pending
-                if limit is not None:
-                    self.check_batch_fits(sink, src, limit)
-
-    def check_batch_fits(self, sink: Node, source: Node, max_ack_pending: int) -> None:
-        """A batch larger than the consumer's max_ack_pending can never fill: the server stops
-        delivering once that many messages wait for their ack."""
-        if max_ack_pending > 0 and sink.batch.max_messages > max_ack_pending:
-            raise PipelineError(
-                f"sink {sink.name!r} batches {sink.batch.max_messages} messages, more than the "
-                f"max_ack_pending ({max_ack_pending}) of source {source.name!r}: its batches "
-                "could only ever be cut by age. Lower the batch or raise max_ack_pending"
-            )
-
-    def check_max_deliver(self, source: Node, max_deliver: int | None) -> None:
-        """A consumer that stops delivering before the pipeline's ``max_deliveries`` would
-        strand a failing message: the server gives up on it (it stays in the stream, never
-        delivered again, no advisory the pipeline sees) before the pipeline makes it poison,
-        so it is neither written nor dead-lettered, and the run ends as if nothing happened."""
-        if max_deliver is not None and 0 < max_deliver < self.max_deliveries:
-            raise PipelineError(
-                f"source {source.name!r}: its consumer delivers a message at most "
-                f"{max_deliver} times (max_deliver), but the pipeline makes a message poison "
-                f"only when its delivery {self.max_deliveries} fails (max_deliveries): a "
-                "failing message would be given up by the server, neither written nor "
-                "dead-lettered. Raise the consumer's max_deliver to max_deliveries or more "
-                "(or leave it unlimited), or lower max_deliveries"
-            )
-
-    def _check_acyclic(self) -> None:
-        state: dict[int, int] = {}
-
-        def visit(node: Node, path: list[str]) -> None:
-            mark = state.get(id(node), 0)
-            if mark == 1:
-                raise PipelineError(f"cycle through {' -> '.join([*path, node.name])}")
-            if mark == 2:
-                return
-            state[id(node)] = 1
-            for nxt in node.downstream:
-                visit(nxt, [*path, node.name])
-            state[id(node)] = 2
-
-        for node in self.nodes:
-            visit(node, [])
-
-    def sources_of(self, node: Node) -> list[Node]:
-        """The sources whose records can reach ``node``."""
-        found: list[Node] = []
-        stack, seen = [node], set()
-        while stack:
-            current = stack.pop()
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
-            if current.kind == "source":
-                found.append(current)
-            stack.extend(current.upstream)
-        return found
-
     # -- describing -------------------------------------------------------------------------
 
     def describe(
@@ -376,8 +70,6 @@ class Pipeline:
         """A Mermaid flowchart of the graph with its internal actors; ``states`` (actor name to
         state) adds each actor's state and ``internal_actors`` (source name to the names of its
         JetStream actors) their real names, as a running pipeline does."""
-        from headrace.pipeline.describe import mermaid
-
         return mermaid(self, states or {}, internal_actors)
 
     # -- running ----------------------------------------------------------------------------
@@ -396,8 +88,6 @@ class Pipeline:
         the pipeline is stopped hard and what was not committed is redelivered later. An
         actor that fails for good stops the pipeline and the block with its original error.
         """
-        from headrace.pipeline.runtime import PipelineRun
-
         self.validate()
         run = PipelineRun(self, nc)
         async with run.lifetime():

@@ -14,11 +14,15 @@ its dead letter. It runs under ``Escalate``, so that stops the pipeline with tha
 was taken and not acked is redelivered by the server after ack_wait, nothing is terminated.
 (A consume or push subscription also ends with :class:`AckRefused` on its own; the guard
 covers what happens after the source stopped taking, such as the last acks of a drain.)
+
+The guard is given its run (``PipelineRun``, runtime.py, which imports this module) as a
+:class:`GuardedRun`: the connection to watch, the pipeline and its sources, nothing more.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -29,7 +33,24 @@ from headrace.jetstream.errors import AckRefused, InvalidAckReply
 from headrace.pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
-    from headrace.pipeline.runtime import PipelineRun
+    from headrace.nats.connection import Connection
+    from headrace.pipeline.nodes import PipelineGraph
+    from headrace.pipeline.stages import SourceStage
+
+
+class GuardedRun(Protocol):
+    """What the guard needs of its run: the connection that reports refused publishes, the
+    pipeline (its name and dead letter), and its sources (their streams and bound consumers,
+    whose ``$JS.ACK`` subjects are the run's)."""
+
+    @property
+    def nc(self) -> Connection: ...
+
+    @property
+    def pipeline(self) -> PipelineGraph: ...
+
+    @property
+    def sources(self) -> Sequence[SourceStage]: ...
 
 
 class DeadLetterRefused(PipelineError):
@@ -51,7 +72,7 @@ class DeadLetterRefused(PipelineError):
 class PublishGuard(Actor[None]):
     """Fails with the first refused publish of its pipeline (see the module docs)."""
 
-    def __init__(self, run: PipelineRun) -> None:
+    def __init__(self, run: GuardedRun) -> None:
         super().__init__("publish-guard", inbox_size=0)
         self.run_ = run
         self.refused: Exception | None = None

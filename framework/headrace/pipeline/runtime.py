@@ -9,6 +9,12 @@ and whatever was not committed is redelivered by the server after its ack wait.
 
 Each stage runs under its node's restart policy. A stage that fails for good stops the pipeline
 and the caller's block with its original error (with a note naming the actor).
+
+This module wires the run: it imports the stages, the ack tracker and the publish guard, and
+gives each what it asks for (``SourceHost``, ``SinkHost``, ``GuardedRun``, a ``keep_alive``
+callable); none of them imports it. It sees the graph as a
+:class:`~headrace.pipeline.nodes.PipelineGraph`: ``Pipeline.running`` (graph.py) starts a run,
+so graph.py is above this module.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, su
 from headrace.jetstream.consumer_config import ConsumerInfo
 from headrace.jetstream.context import JetStream
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT, AckTracker
+from headrace.pipeline.describe import mermaid
 from headrace.pipeline.publish_guard import PublishGuard
 from headrace.pipeline.sink import SinkContext
 from headrace.pipeline.sink_retry import SinkOutage
@@ -41,7 +48,7 @@ from headrace.pipeline.stats import PipelineStats
 
 if TYPE_CHECKING:
     from headrace.nats.connection import Connection
-    from headrace.pipeline.graph import Node, Pipeline
+    from headrace.pipeline.nodes import Node, PipelineGraph
 
 
 @attrs.frozen(slots=True)
@@ -55,9 +62,12 @@ class StageError:
 
 
 class PipelineRun:
-    """The running form of a :class:`Pipeline`: actors, stats, states, drain."""
+    """The running form of a :class:`~headrace.pipeline.graph.Pipeline`: actors, stats,
+    states, drain."""
 
-    def __init__(self, pipeline: Pipeline, nc: Connection, *, js: JetStream | None = None) -> None:
+    def __init__(
+        self, pipeline: PipelineGraph, nc: Connection, *, js: JetStream | None = None
+    ) -> None:
         self.pipeline = pipeline
         self.nc = nc
         self.js = js or JetStream(nc)
@@ -184,7 +194,7 @@ class PipelineRun:
 
     def describe(self) -> str:
         internal = {s.node.name: sorted(a.name for a in s.internal_actors) for s in self.sources}
-        return self.pipeline.describe(self.states(), internal)
+        return mermaid(self.pipeline, self.states(), internal)
 
     # -- lifetime ---------------------------------------------------------------------------
 

@@ -5,6 +5,10 @@ so a slow stage holds up the ones before it down to the source, whose consume th
 the server for more. :data:`END` follows the last batch of a stage that has finished (a drained
 source, and then each stage after it), so a drain completes in order: what was taken is
 processed, committed and acked before the pipeline stops.
+
+The stages do not know the run that wires them (``PipelineRun``, runtime.py, which imports this
+module): a source and a sink stage are given a host that does what :class:`SourceHost` and
+:class:`SinkHost` say, and every stage reports the facts of its records to the ack tracker.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -28,17 +32,47 @@ from headrace.pipeline.sink_retry import BatchCommitter
 from headrace.sinks.errors import RecordsRejected, SinkError
 
 if TYPE_CHECKING:
+    from headrace.jetstream.consumer_config import ConsumerInfo
     from headrace.jetstream.context import JetStream
     from headrace.pipeline.ack_tracker import AckTracker
-    from headrace.pipeline.graph import Node
-    from headrace.pipeline.runtime import PipelineRun
+    from headrace.pipeline.nodes import Node
     from headrace.pipeline.source import JetStreamSource
+    from headrace.pipeline.stats import PipelineStats
 
 INBOX_BATCHES = 8
 #: How long a source retries binding its consumer through transient failures (seconds).
 BIND_DEADLINE = 60.0
 #: A sink with nothing to write for this long (seconds) is given a turn at its upkeep.
 MAINTAIN_IDLE = 1.0
+
+
+class SourceHost(Protocol):
+    """What a source stage needs of its run: the JetStream context to consume through, the
+    tracker to ask for room and report to, how many messages it may hold, and to be told once
+    its consumer is bound (the run checks the batches against it and gives the tracker the
+    consume buffer's ``keep_alive``)."""
+
+    @property
+    def js(self) -> JetStream: ...
+
+    @property
+    def tracker(self) -> AckTracker: ...
+
+    def max_in_flight(self, source: Node) -> int: ...
+
+    def bound(self, source: SourceStage, info: ConsumerInfo) -> None: ...
+
+
+class SinkHost(Protocol):
+    """What a sink stage needs of its run: its sink's :class:`SinkContext`, the stats it
+    counts batches in, and where a failure it survives is reported (``PipelineRun.errors``)."""
+
+    @property
+    def stats(self) -> PipelineStats: ...
+
+    def sink_context(self, sink: Node) -> SinkContext: ...
+
+    def report_error(self, stage: str, error: BaseException) -> None: ...
 
 
 class _End:
@@ -82,7 +116,7 @@ class Stage(Actor[Item]):
 class SourceStage(Stage):
     """Consumes a JetStream consumer and admits its messages as records."""
 
-    def __init__(self, node: Node, run: PipelineRun) -> None:
+    def __init__(self, node: Node, run: SourceHost) -> None:
         super().__init__(f"source:{node.name}", node, run.tracker)
         self.run_ = run
         self.subscription: Any = None
@@ -384,14 +418,14 @@ class BatcherStage(Stage):
 class SinkStage(Stage):
     """Writes batches to a sink and reports what was committed (or failed) to the tracker."""
 
-    def __init__(self, node: Node, tracker: AckTracker, run: PipelineRun) -> None:
+    def __init__(self, node: Node, tracker: AckTracker, run: SinkHost) -> None:
         super().__init__(f"sink:{node.name}", node, tracker)
         # One batch waits while one is written: the batcher fills the next meanwhile.
         self._send, self.inbox = trio.open_memory_channel[Item](1)
         self.run_ = run
         self.runner = SinkRunner(node.sink_obj, node.name)
         self.committer = BatchCommitter(
-            node.retry or run.pipeline.sink_retry,
+            node.retry or node.pipeline.sink_retry,
             self._attempt,
             self._poisoned,
             name=node.name,
