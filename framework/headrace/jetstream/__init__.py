@@ -1,11 +1,13 @@
 """JetStream client semantics as the NATS ADRs prescribe (ADR-15, ADR-37, ADR-13, ADR-17, ADR-8).
 
 :class:`JetStream` is the API of one connection: streams, consumers, publish with PubAck,
-message get. :class:`PullConsumer` fetches and consumes (ADR-37); messages are :class:`JsMsg`
-with ack methods (ADR-15).
+message get (its :class:`JetStreamAPI` part), and the subscriptions made on it.
+:class:`PullConsumer` fetches and consumes (ADR-37); messages are :class:`JsMsg` with ack
+methods (ADR-15).
 """
 
 from headrace.jetstream.ack_reply import AckMetadata, parse_ack_reply
+from headrace.jetstream.api import JetStreamAPI
 from headrace.jetstream.bulk_publish import BulkPublishResult, publish_acked
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeEvent, ConsumeOptions
 from headrace.jetstream.consumer_config import (
@@ -130,6 +132,7 @@ __all__ = [
     "InvalidKey",
     "InvalidNameError",
     "JetStream",
+    "JetStreamAPI",
     "JetStreamAPIError",
     "JetStreamError",
     "JetStreamEvent",

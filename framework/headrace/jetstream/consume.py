@@ -47,7 +47,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
@@ -92,7 +92,9 @@ from headrace.nats.events import (
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
-    from headrace.jetstream.pull_consumer import PullConsumer
+    from headrace.jetstream.api import JetStreamAPI
+    from headrace.jetstream.consumer_config import ConsumerInfo
+    from headrace.jetstream.message import OutstandingAcks
 
 DEFAULT_MAX_MESSAGES = 1000
 
@@ -171,6 +173,33 @@ class _Retry:
 _Control = Connected | Disconnected | Reconnected | _Retry
 
 
+class PulledConsumer(Protocol):
+    """What a consume buffer needs of the consumer it pulls from (a :class:`PullConsumer`).
+
+    The buffer names this, not the class: the pull consumer makes buffers, so it imports this
+    module, and naming it back would make the two import each other.
+    """
+
+    @property
+    def js(self) -> JetStreamAPI: ...
+    @property
+    def stream(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def ack_none(self) -> bool: ...
+    @property
+    def tracker(self) -> OutstandingAcks | None:
+        """Counts what was handed out and not yet acked, if a subscription's drain asked."""
+
+    @property
+    def _next_subject(self) -> str:
+        """The subject of its pull requests (``CONSUMER.MSG.NEXT``, with the API prefix)."""
+
+    async def info(self) -> ConsumerInfo:
+        """Ask the server for the consumer's info (and so whether it still exists)."""
+
+
 class ConsumeBuffer(Actor[_Control]):
     """The consume buffer actor of one :meth:`PullConsumer.consume` call (see module docs).
 
@@ -178,7 +207,7 @@ class ConsumeBuffer(Actor[_Control]):
     request and reaction: this class holds the messages, the timers and the tasks.
     """
 
-    def __init__(self, consumer: PullConsumer, options: ConsumeOptions) -> None:
+    def __init__(self, consumer: PulledConsumer, options: ConsumeOptions) -> None:
         super().__init__(f"consume-buffer:{consumer.stream}/{consumer.name}", inbox_size=256)
         self.consumer = consumer
         self.options = options

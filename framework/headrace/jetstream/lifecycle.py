@@ -42,8 +42,8 @@ from headrace.jetstream.message import OutstandingAcks
 from headrace.nats.events import EventHub
 
 if TYPE_CHECKING:
+    from headrace.jetstream.api import JetStreamAPI
     from headrace.jetstream.consumer_config import ConsumerInfo
-    from headrace.jetstream.context import JetStream
 
 
 class DeletePolicy(enum.Enum):
@@ -68,7 +68,7 @@ class ConsumerLifecycle(Actor[_End]):
 
     def __init__(
         self,
-        js: JetStream,
+        js: JetStreamAPI,
         stream: str,
         consumer: str,
         *,
@@ -177,7 +177,7 @@ class ConsumerLifecycle(Actor[_End]):
         return None
 
 
-async def settled_push_bound(js: JetStream, stream: str, consumer: str) -> ConsumerInfo | None:
+async def settled_push_bound(js: JetStreamAPI, stream: str, consumer: str) -> ConsumerInfo | None:
     """The consumer's info once ``push_bound`` is false, or as last seen if it stays true for
     about half a second; ``None`` if the consumer does not exist.
 

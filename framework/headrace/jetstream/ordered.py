@@ -47,7 +47,7 @@ from headrace.jetstream.subscribe import check_filter
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
-    from headrace.jetstream.context import JetStream
+    from headrace.jetstream.api import JetStreamAPI
     from headrace.nats.subscription import Subscription
 
 DEFAULT_HEARTBEAT = 5.0
@@ -92,7 +92,7 @@ class OrderedSubscription(PushSubscription):
 
     def __init__(
         self,
-        js: JetStream,
+        js: JetStreamAPI,
         stream: str,
         info: ConsumerInfo,
         *,
@@ -128,7 +128,7 @@ class OrderedSubscription(PushSubscription):
     @classmethod
     async def create(
         cls,
-        js: JetStream,
+        js: JetStreamAPI,
         subject: str | None,
         *,
         stream: str | None,
@@ -152,7 +152,7 @@ class OrderedSubscription(PushSubscription):
 
     @staticmethod
     async def _make_consumer(
-        js: JetStream,
+        js: JetStreamAPI,
         stream: str,
         subject: str | None,
         config: ConsumerConfig,

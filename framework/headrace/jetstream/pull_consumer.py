@@ -26,7 +26,7 @@ from headrace.jetstream.pull_status import pending_counts
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
-    from headrace.jetstream.context import JetStream
+    from headrace.jetstream.api import JetStreamAPI
 
 #: Extra time the client waits beyond a request's ``expires`` for the server's 408.
 CLIENT_MARGIN = 1.0
@@ -36,7 +36,7 @@ DEFAULT_FETCH_EXPIRES = 30.0
 class PullConsumer:
     """A pull consumer on ``stream`` named ``name``; ``info`` is the last known ConsumerInfo."""
 
-    def __init__(self, js: JetStream, stream: str, name: str, info: ConsumerInfo) -> None:
+    def __init__(self, js: JetStreamAPI, stream: str, name: str, info: ConsumerInfo) -> None:
         if info.config.is_push:
             from headrace.jetstream.errors import ConsumerConfigMismatch
 

@@ -30,12 +30,12 @@ from headrace.jetstream.pull_consumer import PullConsumer
 from headrace.nats.events import EventHub, EventWatcher
 
 if TYPE_CHECKING:
-    from headrace.jetstream.context import JetStream
+    from headrace.jetstream.api import JetStreamAPI
     from headrace.jetstream.subscribe import Bound
 
 
 class PullSubscription:
-    def __init__(self, js: JetStream, bound: Bound, delete_policy: DeletePolicy) -> None:
+    def __init__(self, js: JetStreamAPI, bound: Bound, delete_policy: DeletePolicy) -> None:
         info = bound.info
         self.consumer = PullConsumer(js, bound.stream, info.name, info)
         self.created = bound.created

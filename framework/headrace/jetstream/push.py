@@ -45,7 +45,7 @@ from headrace.nats.events import EventHub, EventWatcher, forward_until_closed
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:
-    from headrace.jetstream.context import JetStream
+    from headrace.jetstream.api import JetStreamAPI
     from headrace.nats.subscription import BatchHandler, Subscription
 
 ACK_PREFIX = "$JS.ACK."
@@ -83,7 +83,7 @@ class PushSubscription:
 
     def __init__(
         self,
-        js: JetStream,
+        js: JetStreamAPI,
         stream: str,
         info: ConsumerInfo,
         *,

@@ -47,7 +47,7 @@ from headrace.jetstream.names import agreed_name, check_consumer, check_stream
 from headrace.jetstream.push import Inlet
 
 if TYPE_CHECKING:
-    from headrace.jetstream.context import JetStream
+    from headrace.jetstream.api import JetStreamAPI
     from headrace.nats.subscription import Subscription
 
 # Fields whose difference from the server's is not drift: names are matched by lookup already,
@@ -216,7 +216,7 @@ def _same(name: str, wanted: Any, actual: Any) -> bool:
     return bool(actual == wanted)
 
 
-async def _lookup(js: JetStream, stream: str, name: str | None) -> ConsumerInfo | None:
+async def _lookup(js: JetStreamAPI, stream: str, name: str | None) -> ConsumerInfo | None:
     if not name:
         return None
     try:
@@ -238,7 +238,7 @@ class Bound:
 
 
 async def bind_push(
-    js: JetStream,
+    js: JetStreamAPI,
     subject: str | None,
     *,
     stream: str | None,
@@ -306,7 +306,7 @@ async def bind_push(
 
 
 async def bind_pull(
-    js: JetStream,
+    js: JetStreamAPI,
     subject: str | None,
     *,
     stream: str | None,

@@ -1,0 +1,425 @@
+"""The JetStream API client: the requests of ADR-37's JetStreamContext over one connection.
+
+Every call is a request on ``<prefix>.<API subject>`` with a JSON body, answered with JSON or
+an ``error`` object (raised as the typed :mod:`headrace.jetstream.errors`). The prefix is
+``$JS.API``, ``$JS.<domain>.API`` for a domain, or whatever an account import needs.
+
+This is the lower half of :class:`~headrace.jetstream.JetStream`: the account, stream and
+consumer requests, publish and the stored-message reads. The subscriptions made on top of it
+(pull consumers, ADR-15 subscribe, ordered consumers) are in :mod:`headrace.jetstream.context`.
+The modules that run a subscription (its lifecycle, its push actors, the consume buffer) need
+only these requests, so they name this class and never the context: they stay below it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import trio
+
+from headrace.errors import NoRespondersError
+from headrace.jetstream.codec import DecodeError, from_json, parse_time, to_json
+from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo
+from headrace.jetstream.errors import (
+    JetStreamUnavailable,
+    MessageNotFound,
+    NoStreamForSubject,
+    StreamLookupError,
+    api_error,
+)
+from headrace.jetstream.names import agreed_name, check_consumer, check_stream
+from headrace.jetstream.responses import AccountInfo, PubAck
+from headrace.jetstream.stored_message import StoredMessage
+from headrace.jetstream.stream_config import StreamConfig, StreamInfo
+from headrace.nats.connection import Connection
+from headrace.protocol.commands import check_subject
+from headrace.protocol.headers import Headers, read_header_block
+
+DEFAULT_API_PREFIX = "$JS.API"
+
+
+def _headers(headers: Headers | Mapping[str, str | list[str]] | None) -> Headers:
+    if headers is None:
+        return Headers()
+    return headers.copy() if isinstance(headers, Headers) else Headers(headers)
+
+
+class JetStreamAPI:
+    """The JetStream API of one connection: account, streams, consumers, publish, stored
+    messages. :class:`~headrace.jetstream.JetStream` is this plus the subscriptions; a
+    function that only manages streams or consumers or publishes can ask for this.
+
+    ``domain`` selects a JetStream domain (``$JS.<domain>.API``); ``api_prefix`` replaces the
+    prefix altogether (for imports across accounts); give at most one. ``timeout`` is the
+    default time limit of each API call, in seconds.
+    """
+
+    def __init__(
+        self,
+        nc: Connection,
+        *,
+        domain: str | None = None,
+        api_prefix: str | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        if domain is not None and api_prefix is not None:
+            raise ValueError("give a JetStream domain or an API prefix, not both")
+        if domain is not None:
+            check_subject(domain, what="JetStream domain")
+            prefix = f"$JS.{domain}.API"
+        else:
+            prefix = (api_prefix or DEFAULT_API_PREFIX).rstrip(".")
+            check_subject(prefix, what="JetStream API prefix")
+        self.nc = nc
+        self.domain = domain
+        self.prefix = prefix
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} prefix={self.prefix!r}>"
+
+    def api_subject(self, suffix: str) -> str:
+        return f"{self.prefix}.{suffix}"
+
+    async def api_request(
+        self, suffix: str, body: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """One API call: the decoded answer, or the typed error it carried."""
+        data = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
+        try:
+            msg = await self.nc.request(
+                self.api_subject(suffix), data, timeout=self.timeout if timeout is None else timeout
+            )
+        except NoRespondersError as exc:
+            raise JetStreamUnavailable(
+                f"nothing answered on {self.api_subject(suffix)!r}: is JetStream enabled for "
+                "this account and server, and are the domain and API prefix right?"
+            ) from exc
+        try:
+            answer = json.loads(msg.data)
+        except ValueError as exc:
+            raise DecodeError(f"the JetStream API sent invalid JSON: {msg.data[:80]!r}") from exc
+        if not isinstance(answer, dict):
+            raise DecodeError(f"the JetStream API sent {type(answer).__name__}, not an object")
+        if "error" in answer:
+            raise api_error(answer["error"])
+        return answer
+
+    # -- account ------------------------------------------------------------------------------
+
+    async def account_info(self) -> AccountInfo:
+        return from_json(AccountInfo, await self.api_request("INFO"))
+
+    # -- streams ------------------------------------------------------------------------------
+
+    async def add_stream(self, config: StreamConfig) -> StreamInfo:
+        answer = await self.api_request(f"STREAM.CREATE.{config.name}", to_json(config))
+        return from_json(StreamInfo, answer)
+
+    async def update_stream(self, config: StreamConfig) -> StreamInfo:
+        answer = await self.api_request(f"STREAM.UPDATE.{config.name}", to_json(config))
+        return from_json(StreamInfo, answer)
+
+    async def stream_info(self, name: str, *, subjects_filter: str | None = None) -> StreamInfo:
+        check_stream("name", name)
+        body = {"subjects_filter": subjects_filter} if subjects_filter else None
+        return from_json(StreamInfo, await self.api_request(f"STREAM.INFO.{name}", body))
+
+    async def delete_stream(self, name: str) -> None:
+        check_stream("name", name)
+        await self.api_request(f"STREAM.DELETE.{name}")
+
+    async def purge_stream(
+        self,
+        name: str,
+        *,
+        subject: str | None = None,
+        seq: int | None = None,
+        keep: int | None = None,
+    ) -> int:
+        """Remove messages (all, or those of ``subject``, below ``seq``, or all but ``keep``);
+        return how many were removed."""
+        check_stream("name", name)
+        if seq is not None and keep is not None:
+            raise ValueError("give seq or keep, not both")
+        body = {k: v for k, v in (("filter", subject), ("seq", seq), ("keep", keep)) if v}
+        answer = await self.api_request(f"STREAM.PURGE.{name}", body or None)
+        return int(answer.get("purged", 0))
+
+    async def _paged(self, suffix: str, key: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+        offset = 0
+        while True:
+            answer = await self.api_request(suffix, {**body, "offset": offset})
+            items = answer.get(key) or []
+            for item in items:
+                yield item
+            offset += len(items)
+            if not items or offset >= int(answer.get("total", 0)):
+                return
+
+    async def streams(self, *, subject: str | None = None) -> AsyncIterator[StreamInfo]:
+        """Every stream (optionally only those capturing ``subject``), page by page."""
+        body = {"subject": subject} if subject else {}
+        async for item in self._paged("STREAM.LIST", "streams", body):
+            yield from_json(StreamInfo, item)
+
+    async def stream_names(self, *, subject: str | None = None) -> list[str]:
+        """Names of every stream, or of those whose subjects overlap ``subject`` (ADR-15)."""
+        body = {"subject": subject} if subject else {}
+        return [str(n) async for n in self._paged("STREAM.NAMES", "streams", body)]
+
+    async def find_stream(self, subject: str) -> str:
+        """The one stream capturing ``subject`` (ADR-15 stream lookup)."""
+        names = await self.stream_names(subject=subject)
+        if not names:
+            raise StreamLookupError(
+                f"no stream captures subject {subject!r}: create one, or name the stream"
+            )
+        if len(names) > 1:
+            raise StreamLookupError(
+                f"several streams capture subject {subject!r} ({', '.join(sorted(names))}): "
+                "name the stream to use"
+            )
+        return names[0]
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    async def _upsert_consumer(
+        self, stream: str, config: ConsumerConfig, action: str
+    ) -> ConsumerInfo:
+        check_stream("stream", stream)
+        name = agreed_name({"config.name": config.name, "config.durable_name": config.durable_name})
+        suffix = f"CONSUMER.CREATE.{stream}" + (f".{name}" if name else "")
+        body: dict[str, Any] = {"stream_name": stream, "config": to_json(config)}
+        if action:
+            body["action"] = action
+        return from_json(ConsumerInfo, await self.api_request(suffix, body))
+
+    async def create_consumer(self, stream: str, config: ConsumerConfig) -> ConsumerInfo:
+        """Create; :class:`ConsumerAlreadyExists` if it exists with another configuration."""
+        return await self._upsert_consumer(stream, config, "create")
+
+    async def update_consumer(self, stream: str, config: ConsumerConfig) -> ConsumerInfo:
+        """Update; :class:`ConsumerDoesNotExist` if there is no such consumer."""
+        if not config.consumer_name:
+            raise ValueError("updating a consumer needs its name (name or durable_name)")
+        return await self._upsert_consumer(stream, config, "update")
+
+    async def create_or_update_consumer(self, stream: str, config: ConsumerConfig) -> ConsumerInfo:
+        return await self._upsert_consumer(stream, config, "")
+
+    async def consumer_info(self, stream: str, name: str) -> ConsumerInfo:
+        check_stream("stream", stream)
+        check_consumer("name", name)
+        return from_json(ConsumerInfo, await self.api_request(f"CONSUMER.INFO.{stream}.{name}"))
+
+    async def delete_consumer(self, stream: str, name: str) -> None:
+        check_stream("stream", stream)
+        check_consumer("name", name)
+        await self.api_request(f"CONSUMER.DELETE.{stream}.{name}")
+
+    async def consumers(self, stream: str) -> AsyncIterator[ConsumerInfo]:
+        check_stream("stream", stream)
+        async for item in self._paged(f"CONSUMER.LIST.{stream}", "consumers", {}):
+            yield from_json(ConsumerInfo, item)
+
+    async def consumer_names(self, stream: str) -> list[str]:
+        check_stream("stream", stream)
+        return [str(n) async for n in self._paged(f"CONSUMER.NAMES.{stream}", "consumers", {})]
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes = b"",
+        *,
+        headers: Headers | Mapping[str, str | list[str]] | None = None,
+        msg_id: str | None = None,
+        expected_stream: str | None = None,
+        expected_last_seq: int | None = None,
+        expected_last_subject_seq: int | None = None,
+        expected_last_msg_id: str | None = None,
+        timeout: float | None = None,
+        retry_attempts: int = 2,
+        retry_wait: float = 0.25,
+    ) -> PubAck:
+        """Publish to a stream and wait for its acknowledgement.
+
+        ``msg_id`` de-duplicates within the stream's duplicate window (``PubAck.duplicate``);
+        the ``expected_*`` arguments make the write conditional (:class:`WrongLastSequence`).
+        Nobody answering is retried ``retry_attempts`` times, ``retry_wait`` seconds apart (as
+        the Go client does): a stream just created, or electing a leader, answers a moment later.
+        """
+        hdrs = _headers(headers)
+        for name, value in (
+            ("Nats-Msg-Id", msg_id),
+            ("Nats-Expected-Stream", expected_stream),
+            ("Nats-Expected-Last-Sequence", expected_last_seq),
+            ("Nats-Expected-Last-Subject-Sequence", expected_last_subject_seq),
+            ("Nats-Expected-Last-Msg-Id", expected_last_msg_id),
+        ):
+            if value is not None:
+                hdrs.set(name, str(value))
+        attempt = 0
+        while True:
+            try:
+                msg = await self.nc.request(
+                    subject,
+                    data,
+                    headers=hdrs if len(hdrs) else None,
+                    timeout=self.timeout if timeout is None else timeout,
+                )
+                break
+            except NoRespondersError as exc:
+                if attempt >= retry_attempts:
+                    raise NoStreamForSubject(subject) from exc
+                attempt += 1
+                await trio.sleep(retry_wait)
+        try:
+            answer = json.loads(msg.data)
+        except ValueError as exc:
+            raise DecodeError(f"a stream answered a publish with {msg.data[:80]!r}") from exc
+        if not isinstance(answer, dict):
+            raise DecodeError(f"a stream answered a publish with {answer!r}")
+        if "error" in answer:
+            raise api_error(answer["error"])
+        return from_json(PubAck, answer)
+
+    # -- reading stored messages --------------------------------------------------------------
+
+    async def get_msg(
+        self,
+        stream: str,
+        seq: int | None = None,
+        *,
+        last_by_subject: str | None = None,
+        next_by_subject: str | None = None,
+    ) -> StoredMessage:
+        """A message by sequence, the last of a subject, or the next of a subject from ``seq``,
+        through the stream leader (``STREAM.MSG.GET``)."""
+        check_stream("stream", stream)
+        body = _get_body(seq, last_by_subject, next_by_subject)
+        answer = await self.api_request(f"STREAM.MSG.GET.{stream}", body)
+        raw = answer.get("message")
+        if not isinstance(raw, dict):
+            raise DecodeError(f"STREAM.MSG.GET answered without a message: {answer!r}")
+        hdrs = base64.b64decode(raw["hdrs"]) if raw.get("hdrs") else None
+        return StoredMessage(
+            stream=stream,
+            subject=str(raw.get("subject", "")),
+            seq=int(raw.get("seq", 0)),
+            data=base64.b64decode(raw.get("data") or b""),
+            raw_headers=hdrs,
+            time=parse_time(raw["time"]) if raw.get("time") else None,
+        )
+
+    async def direct_get(
+        self,
+        stream: str,
+        seq: int | None = None,
+        *,
+        last_by_subject: str | None = None,
+        next_by_subject: str | None = None,
+        timeout: float | None = None,
+    ) -> StoredMessage:
+        """The same through any replica (ADR-31 Direct Get; the stream needs ``allow_direct``).
+
+        The last message of a subject uses the subject-appended form, which needs no body.
+        """
+        check_stream("stream", stream)
+        if last_by_subject is not None and seq is None and next_by_subject is None:
+            check_subject(last_by_subject)
+            subject, data = self.api_subject(f"DIRECT.GET.{stream}.{last_by_subject}"), b""
+        else:
+            body = _get_body(seq, last_by_subject, next_by_subject)
+            subject = self.api_subject(f"DIRECT.GET.{stream}")
+            data = json.dumps(body, separators=(",", ":")).encode()
+        try:
+            msg = await self.nc.request(
+                subject, data, timeout=self.timeout if timeout is None else timeout
+            )
+        except NoRespondersError as exc:
+            raise JetStreamUnavailable(
+                f"no Direct Get responder for stream {stream!r}: does it exist, with "
+                "allow_direct set?"
+            ) from exc
+        if msg.raw_headers is None:
+            raise DecodeError("a Direct Get answer had no Nats-Sequence header")
+        # The answer's block is the stored message's own with the server's appended, and the
+        # stored part is whatever its publisher sent: read it leniently, and leave reporting
+        # what could not be read to the StoredMessage (once, naming the stored message, not
+        # this answer's inbox).
+        hdrs, status, description, _ = read_header_block(msg.raw_headers)
+        if status == 404:
+            raise MessageNotFound(404, 10037, description or "message not found")
+        if status is not None:
+            raise api_error({"code": status, "err_code": 0, "description": description})
+        if "Nats-Sequence" not in hdrs:
+            raise DecodeError("a Direct Get answer had no Nats-Sequence header")
+
+        def last(name: str, default: str) -> str:
+            # The server appends its headers after the stored message's own, which may carry
+            # the same names (a republished message does): the last value is the server's.
+            values = hdrs.get_all(name)
+            return values[-1] if values else default
+
+        try:
+            seq_no = int(last("Nats-Sequence", ""))
+        except ValueError as exc:
+            raise DecodeError("a Direct Get answer had a malformed Nats-Sequence") from exc
+        return StoredMessage(
+            stream=last("Nats-Stream", stream),
+            subject=last("Nats-Subject", ""),
+            seq=seq_no,
+            data=msg.data,
+            raw_headers=msg.raw_headers,
+            time=_direct_time(last("Nats-Time-Stamp", "")),
+        )
+
+    async def delete_msg(self, stream: str, seq: int, *, erase: bool = False) -> None:
+        """Delete one message; ``erase`` overwrites its storage too."""
+        check_stream("stream", stream)
+        body = {"seq": seq, "no_erase": not erase}
+        await self.api_request(f"STREAM.MSG.DELETE.{stream}", body)
+
+
+def _get_body(
+    seq: int | None, last_by_subject: str | None, next_by_subject: str | None
+) -> dict[str, Any]:
+    if last_by_subject is not None and (seq is not None or next_by_subject is not None):
+        raise ValueError("last_by_subject cannot be combined with seq or next_by_subject")
+    if seq is None and last_by_subject is None and next_by_subject is None:
+        raise ValueError("give seq, last_by_subject or next_by_subject")
+    body: dict[str, Any] = {}
+    if seq is not None:
+        body["seq"] = seq
+    if last_by_subject is not None:
+        body["last_by_subj"] = last_by_subject
+    if next_by_subject is not None:
+        body["next_by_subj"] = next_by_subject
+    return body
+
+
+def _direct_time(text: str | None) -> dt.datetime | None:
+    """Direct Get's ``Nats-Time-Stamp``: RFC 3339 on current servers, Go's ``2022-08-06
+    00:29:27.5878 +0000 UTC`` on older ones; anything else is left out rather than guessed."""
+    if not text:
+        return None
+    try:
+        return parse_time(text)
+    except DecodeError:
+        pass
+    parts = text.split(" ")
+    if len(parts) < 3:
+        return None
+    day, clock, zone = parts[0], parts[1], parts[2]
+    zone = zone[:3] + ":" + zone[3:] if len(zone) == 5 else zone
+    try:
+        return parse_time(f"{day}T{clock}{zone}")
+    except DecodeError:
+        return None
