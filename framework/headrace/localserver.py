@@ -9,6 +9,7 @@ finds the binary and picks ports with the functions here, so that there is one w
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -53,15 +54,33 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LocalServer:
     """One nats-server process with JetStream, storing in a temporary directory.
 
-    ``extra_config`` is appended to the generated config verbatim.
+    ``port``: the client port on 127.0.0.1 (default: a free one). ``store_dir``: where
+    JetStream keeps its streams; given, it is the caller's and outlives the server (a
+    development server whose streams survive a restart, ``headrace server --store-dir``);
+    by default a directory of the server's own, removed by :meth:`stop`. ``extra_config`` is
+    appended to the generated config verbatim. ``own_session``: the server runs in a session
+    of its own, so a Ctrl-C at the terminal reaches only the caller, which stops the server
+    when it means to (``headrace server`` tells a signal from the server dying so).
     """
 
-    def __init__(self, *, jetstream: bool = True, extra_config: str = "") -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        *,
+        jetstream: bool = True,
+        extra_config: str = "",
+        port: int | None = None,
+        store_dir: str | os.PathLike[str] | None = None,
+        own_session: bool = False,
+    ) -> None:
+        self._own_session = own_session
+        self.port = free_port() if port is None else port
         self._dir = tempfile.mkdtemp(prefix="headrace-nats-")
+        self.store_dir = (
+            Path(self._dir, "js") if store_dir is None else Path(store_dir).expanduser().resolve()
+        )
         lines = [f"listen: 127.0.0.1:{self.port}"]
         if jetstream:
-            lines.append(f'jetstream {{ store_dir: "{Path(self._dir, "js")}" }}')
+            lines.append(f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}")
         lines.append(extra_config)
         self._config = Path(self._dir, "server.conf")
         self._config.write_text("\n".join(lines) + "\n")
@@ -80,6 +99,7 @@ class LocalServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=self._own_session,
         )
         self._proc = proc
 
@@ -97,6 +117,18 @@ class LocalServer:
             tail = "\n".join(self._log[-20:])
             raise LocalServerError(f"nats-server did not start:\n{tail}")
         return self
+
+    def wait(self) -> int:
+        """Block until the server process ends (stopped, or died); its exit status. For a
+        caller that serves until told to stop and must notice the server going away."""
+        proc = self._proc
+        if proc is None:
+            raise LocalServerError("the local nats-server is not running")
+        return proc.wait()
+
+    def log_tail(self, lines: int = 20) -> list[str]:
+        """The server's last ``lines`` log lines (why it did not start, or why it ended)."""
+        return self._log[-lines:]
 
     def stop(self) -> None:
         proc = self._proc

@@ -58,12 +58,28 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
 
-    from headrace.cli import checkpoints, graph, outputs, plugins, run
+    from headrace.cli import (
+        checkpoints,
+        consumer,
+        graph,
+        outputs,
+        plugins,
+        pub,
+        run,
+        server,
+        sinks,
+        stream,
+    )
 
     checkpoints.add_parser(commands)
     run.add_parser(commands)
     graph.add_parser(commands)
     outputs.add_parser(commands)
+    server.add_parser(commands)
+    stream.add_parser(commands)
+    pub.add_parser(commands)
+    consumer.add_parser(commands)
+    sinks.add_parser(commands)
     plugins.add_commands(commands, builtin=list(commands.choices), argv=argv)
     return parser
 
