@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fast lint typecheck bench anchors clean
+.PHONY: demo test fast lint typecheck docs bench anchors clean
 
 $(STAMP): pyproject.toml plugins/headrace_spark/pyproject.toml bench/pyproject.toml
 	@scripts/check-prereqs $(PYTHON)
@@ -35,6 +35,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+## The documentation site (guides and API reference) into ./site, strict: a broken link fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 ## Same-run comparisons with the peers (bench/README.md). The consume benchmark's --anchors
 ## builds libnats (apt-get install libnats-dev) and installs nats.js (npm) as `make anchors` does.
 bench: $(STAMP)
@@ -49,4 +53,4 @@ anchors: $(STAMP)
 	../shared/anchors/run --python $(BIN)/python
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

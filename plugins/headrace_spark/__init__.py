@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 # Light modules (no pyarrow), imported at once. ``compact`` must be: the function shares its
 # name with its module, and importing the module ``headrace_spark.compact`` later would bind the
 # module to the package's name ``compact`` over a function loaded on first use.
+from headrace_spark._version import __version__
 from headrace_spark.compact import CompactionReport, compact
 from headrace_spark.errors import (
     LedgerError,
@@ -60,6 +61,7 @@ __all__ = [
     "SparkWriteError",
     "TableBuilder",
     "TableTarget",
+    "__version__",
     "compact",
     "embedded_conf",
     "schema_of",

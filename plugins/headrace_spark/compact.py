@@ -37,6 +37,9 @@ from headrace_spark.targets import local_path
 
 @attrs.frozen(slots=True)
 class CompactionReport:
+    """What a compaction did (``SparkSink.compact``, ``headrace_spark.compact``): how many
+    directories it rewrote, and their data files before and after."""
+
     #: Directories rewritten.
     directories: int
     #: The sink's data files in those directories before, and after.

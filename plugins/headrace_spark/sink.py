@@ -244,6 +244,9 @@ class SparkSink:
         self._context = context
 
     async def open(self) -> None:
+        """Take the output: in local mode its lock and ledger (recovering what a crash of an
+        earlier writer left), in shared mode a writer on the pipeline's commit state. Called by
+        the pipeline before the first batch and again after a failure of the sink."""
         if self._shared is not None or self._ledger is not None:
             await self.close()
         mode = self.commits
@@ -275,6 +278,9 @@ class SparkSink:
         self.recovered_removed = self._shared.swept.removed
 
     async def write_batch(self, batch: Batch) -> None:
+        """Write ``batch`` and return once it is committed (its files in place and recorded),
+        so that the pipeline may ack its messages; records already in the output are skipped.
+        A cancelled write also cancels its Spark jobs."""
         if self._ledger is None and self._shared is None:
             raise SinkNotOpen(f"{self!r} is not open")
         tag = f"headrace-spark-{secrets.token_hex(6)}"
@@ -301,6 +307,8 @@ class SparkSink:
                 await trio.to_thread.run_sync(self._register, [], limiter=self._limiter)
 
     async def close(self) -> None:
+        """Release the output (its lock, or the shared writer); with ``stop_session=True`` also
+        stop the Spark session the sink started (never one passed in as ``spark``)."""
         shared, self._shared = self._shared, None
         if shared is not None:
             try:
