@@ -96,6 +96,15 @@ KeepAlive = Callable[[float], int]
 
 
 class AckTracker(Actor[_Poison | _Wake]):
+    """The one owner of every delivery's state in a run (see the module docs).
+
+    Stages report facts to it, synchronously and one way (``admit``, ``forked``, ``expanded``,
+    ``release``, ``committed``, ``failed``); it acks a message once all its records are
+    committed, naks it with a growing delay when one failed, and dead-letters or terminates it
+    after ``max_deliveries``. Its task keeps slow messages alive with +WPI and runs the poison
+    handling, shielded. A plugin author never calls it: a sink only returns or raises.
+    """
+
     def __init__(self, pipeline: PipelineGraph, js: JetStream, stats: PipelineStats) -> None:
         super().__init__("ack-tracker", inbox_size=math.inf)
         self.pipeline = pipeline

@@ -140,7 +140,19 @@ class SinkContext:
 
 @runtime_checkable
 class Sink(Protocol):
-    def write_batch(self, batch: Batch) -> Any: ...
+    """What a sink is: any object with ``write_batch`` (a coroutine function or a plain one).
+
+    ``write_batch(batch)`` returns only once the batch is durable: the pipeline then acks
+    every message behind it and JetStream forgets them. Raising keeps them: the batch is
+    written again after a pause (an error with ``transient = True`` is an outage, never split;
+    ``False`` is bad data, split at once to find the records at fault; ``RecordsRejected``
+    names them). ``bind(context)``, ``open()``, ``close()`` and ``maintain()`` are optional.
+    A plain method runs on the sink's own thread, one call at a time, so a blocking driver
+    never stalls the event loop. docs/sinks.md is the whole contract.
+    """
+
+    def write_batch(self, batch: Batch) -> Any:
+        """Make ``batch`` durable, then return; raise to have it written again."""
 
 
 class SinkRunner:
