@@ -38,6 +38,7 @@ PAGES = {
     "errors": "headrace.errors",
     "shutdown": "headrace.shutdown",
     "localserver": "headrace.localserver",
+    "testing": "headrace.testing",
     "headrace_spark": "headrace_spark",
 }
 

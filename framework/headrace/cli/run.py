@@ -24,6 +24,11 @@ the last ``stopped`` event. Exit codes:
 
 With ``--workers N`` this process supervises N worker processes of the pipeline instead of
 running it (:mod:`headrace.cli.workers`), with the same signals and exit codes.
+
+With ``--until-caught-up`` the run drains by itself once it has caught up with what its
+sources' streams held when it started (``PipelineRun.wait_caught_up``: every such message
+acked, terminated or dead-lettered; one waiting for its redelivery is not), for backfills and
+cron jobs; the exit codes are the same (0 only when it caught up and drained cleanly).
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from headrace.jetstream.errors import (
 )
 from headrace.nats.connection import connect
 from headrace.nats.servers import redact_url
+from headrace.pipeline.caught_up import NotCaughtUp
 from headrace.pipeline.gc_tuning import restore_gc, tune_gc
 from headrace.pipeline.graph import Pipeline, PipelineError
 from headrace.pipeline.runtime import PipelineRun, StageError
@@ -101,7 +107,7 @@ def add_parser(commands: Any) -> None:
             "to standard error. "
             "Exit codes: 0 stopped cleanly, 1 failed, 2 usage or configuration error, 3 drain "
             "timed out, 4 poison messages terminated without a dead letter, 128+N stopped hard "
-            "by signal N."
+            "by signal N. With --until-caught-up it drains by itself once caught up."
         ),
     )
     parser.add_argument("target", metavar="TARGET", help="path/to/file.py:name or module:name")
@@ -169,6 +175,15 @@ def add_parser(commands: Any) -> None:
             "worker that dies is restarted"
         ),
     )
+    parser.add_argument(
+        "--until-caught-up",
+        action="store_true",
+        help=(
+            "drain and exit once every message the sources' streams held at the start is "
+            "acked, terminated or dead-lettered (a backfill, a cron job): exit 0 when caught up "
+            "and drained, the usual codes otherwise"
+        ),
+    )
     parser.set_defaults(func=command)
 
 
@@ -190,6 +205,10 @@ def command(args: argparse.Namespace) -> int:
         workers.watch_supervisor()  # in a worker of `--workers N`: end with the supervisor
     elif args.workers < 1:
         return _fail(f"--workers must be at least 1, not {args.workers}")
+    elif args.until_caught_up:
+        # Workers that share a consumer would each have to agree that all of them are done,
+        # and the supervisor restarts a worker that exits: not supported yet.
+        return _fail("--until-caught-up cannot be combined with --workers: run one process")
     if args.interval is not None and not args.interval > 0:
         return _fail("--interval must be positive")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
@@ -224,7 +243,13 @@ def command(args: argparse.Namespace) -> int:
         finally:
             reporter.close()
     runner = Runner(
-        pipe, kwargs, reporter, interval=interval, metrics_port=args.metrics_port, window=window
+        pipe,
+        kwargs,
+        reporter,
+        interval=interval,
+        metrics_port=args.metrics_port,
+        window=window,
+        until_caught_up=getattr(args, "until_caught_up", False),
     )
     # Caught from now until the process exits, never uninstalled: after the last `stopped`
     # event a signal cannot change the exit status any more (Runner.main). This function is
@@ -252,8 +277,11 @@ class Runner:
         interval: float,
         metrics_port: int | None = None,
         window: float = SAME_REQUEST_WINDOW,
+        until_caught_up: bool = False,
     ) -> None:
         self.pipe = pipe
+        #: Drain once caught up (``--until-caught-up``).
+        self.until_caught_up = until_caught_up
         self.connect_kwargs = connect_kwargs
         self.reporter = reporter
         self.interval = interval
@@ -360,6 +388,18 @@ class Runner:
             await trio.sleep(self.failures.per)
             self.failures.flush()
             self.connection.flush()
+
+    async def _drain_when_caught_up(self, run: PipelineRun) -> None:
+        """``--until-caught-up``: drain once the run has caught up with what the streams held
+        at the start. A run that ends first (a signal, a failure) decides the exit code
+        itself."""
+        try:
+            stats = await run.wait_caught_up()
+        except NotCaughtUp:
+            return
+        self.event("caught_up", messages=stats.messages_in, acks=stats.acks)
+        self.stop_requested.set()
+        run.drain()
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -488,6 +528,8 @@ class Runner:
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(finished)
+                if self.until_caught_up:
+                    nursery.start_soon(self._drain_when_caught_up, run)
                 if self.stop_requested.is_set():  # a signal came while starting
                     run.drain()
                 await self.stop_requested.wait()

@@ -25,8 +25,9 @@ tracker's counts but the tracker.
 
 from headrace.pipeline.ack_tracker import AckTracker, PoisonTerminated
 from headrace.pipeline.batch import Batch, BatchPolicy
+from headrace.pipeline.caught_up import CatchUpMark, CatchUpTimeout, NotCaughtUp
 from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
-from headrace.pipeline.graph import Node, Pipeline, PipelineError
+from headrace.pipeline.graph import Node, Pipeline, PipelineError, run_until_caught_up
 from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
@@ -39,11 +40,14 @@ __all__ = [
     "AckTracker",
     "Batch",
     "BatchPolicy",
+    "CatchUpMark",
+    "CatchUpTimeout",
     "DeadLetterRefused",
     "Delivery",
     "GcSettings",
     "JetStreamSource",
     "Node",
+    "NotCaughtUp",
     "Pipeline",
     "PipelineError",
     "PipelineRun",
@@ -57,5 +61,6 @@ __all__ = [
     "SinkRunner",
     "StageError",
     "restore_gc",
+    "run_until_caught_up",
     "tune_gc",
 ]

@@ -134,6 +134,17 @@ class AckTracker(Actor[_Poison | _Wake]):
         self._dead_lettered: dict[tuple[str, int], None] = {}
         #: Told of failures worth a line in the run's errors (``PipelineRun.report_error``).
         self.report: Callable[[str, BaseException], None] = lambda _stage, _error: None
+        self._changed = trio.Event()
+
+    def changed(self) -> trio.Event:
+        """An event set at the next ack, nak or +TERM the tracker sends: the moments the
+        consumer's state on the server can move (``PipelineRun.wait_caught_up`` asks the
+        server then). Take it before looking, so that no change is missed in between."""
+        return self._changed
+
+    def _touch(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     def learn_ack_wait(
         self, source: str, ack_wait: float, keep_alive: KeepAlive | None = None
@@ -204,6 +215,7 @@ class AckTracker(Actor[_Poison | _Wake]):
             self.stats.acks += len(ready)
             self.stats.ack_pending -= len(ready)
             self._forget_settled()
+            self._touch()
             if self._room:
                 self._room.unpark_all()
 
@@ -253,6 +265,7 @@ class AckTracker(Actor[_Poison | _Wake]):
                 self._poison_pending[id(delivery)] = delivery
             self.tell(_Poison(poison_now, error))
         self._forget_settled()
+        self._touch()
         if self._room:
             self._room.unpark_all()
 
@@ -273,6 +286,7 @@ class AckTracker(Actor[_Poison | _Wake]):
         self.stats.naks += naked
         self.stats.ack_pending -= naked
         self._forget_settled()
+        self._touch()
         if self._room:
             self._room.unpark_all()
         return naked
@@ -368,6 +382,7 @@ class AckTracker(Actor[_Poison | _Wake]):
                     await self._one_poison(delivery.msg, dead_letter, reason)
             finally:
                 self._poison_pending.pop(id(delivery), None)
+                self._touch()  # terminated, or naked again: either way the consumer moved
 
     async def _one_poison(self, msg: JsMsg, dead_letter: str | None, reason: str) -> None:
         key = (msg.metadata.stream, msg.metadata.stream_seq)

@@ -26,10 +26,14 @@ imports it back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+import trio
+
+from headrace.pipeline.caught_up import CatchUpTimeout, NotCaughtUp
 from headrace.pipeline.describe import mermaid
 from headrace.pipeline.errors import PipelineError as PipelineError  # defined here before
 from headrace.pipeline.nodes import OPERATORS as OPERATORS  # the graph was defined here before
@@ -41,6 +45,7 @@ from headrace.pipeline.runtime import PipelineRun
 
 if TYPE_CHECKING:
     from headrace.nats.connection import Connection
+    from headrace.pipeline.stats import PipelineStats
 
 
 class Pipeline(PipelineGraph):
@@ -92,3 +97,30 @@ class Pipeline(PipelineGraph):
         run = PipelineRun(self, nc)
         async with run.lifetime():
             yield run
+
+
+async def run_until_caught_up(
+    pipe: Pipeline, nc: Connection, *, timeout: float | None = None
+) -> PipelineStats:
+    """Run ``pipe`` until it has caught up with what its sources' streams held when it
+    started (:meth:`PipelineRun.wait_caught_up`), drain it, and return its final stats: a
+    backfill, a cron job, a test.
+
+    Raises :class:`CatchUpTimeout` after ``timeout`` seconds (the pipeline drained first:
+    nothing taken is lost), :class:`NotCaughtUp` if the drain then timed out (messages taken
+    and not acked are redelivered after their ack wait), and a failed run's own error.
+    """
+    async with pipe.running(nc) as run:
+        with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+            await run.wait_caught_up()
+    if scope.cancelled_caught:
+        raise CatchUpTimeout(
+            f"pipeline {pipe.name!r} did not catch up within {timeout}s "
+            f"({run.stats.acks} messages acked); it was drained"
+        )
+    if run.drain_timed_out:
+        raise NotCaughtUp(
+            f"pipeline {pipe.name!r} caught up, but its drain did not finish within "
+            f"{pipe.drain_timeout}s: {run.stats.ack_pending} messages taken were not acked"
+        )
+    return run.stats

@@ -19,20 +19,31 @@ so graph.py is above this module.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from headrace._run_registry import track_run
-from headrace._trio import BodyError
+from headrace._trio import BodyError, either
 from headrace.actors.actor import Actor
 from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, supervise
 from headrace.jetstream.consumer_config import ConsumerInfo
 from headrace.jetstream.context import JetStream
+from headrace.jetstream.transient import retry_transient
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT, AckTracker
+from headrace.pipeline.caught_up import (
+    RECHECK_MAX,
+    RECHECK_MIN,
+    CatchUpMark,
+    NotCaughtUp,
+    SourceMark,
+    catch_up_mark,
+    reached,
+)
 from headrace.pipeline.describe import mermaid
 from headrace.pipeline.publish_guard import PublishGuard
 from headrace.pipeline.sink import SinkContext
@@ -49,6 +60,7 @@ from headrace.pipeline.stats import PipelineStats
 if TYPE_CHECKING:
     from headrace.nats.connection import Connection
     from headrace.pipeline.nodes import Node, PipelineGraph
+    from headrace.pipeline.record import Record
 
 
 @attrs.frozen(slots=True)
@@ -91,6 +103,10 @@ class PipelineRun:
         #: Set once finished: :meth:`stop` ended the run before it had drained.
         self.stopped_hard = False
         self._sinks_left = 0
+        #: Told of each batch a sink committed, with the sink's name: the server-less test
+        #: harness (headrace.testing) records them through it. None in production: one check
+        #: per committed batch, nothing per message.
+        self.on_commit: Callable[[str, list[Record]], None] | None = None
         self._build()
         # Inside run_until_signal, a second signal stops this run hard (shutdown.py).
         track_run(self)
@@ -264,6 +280,66 @@ class PipelineRun:
     async def wait_finished(self) -> None:
         """Wait until the pipeline has drained and stopped (it runs until asked to)."""
         await self._finished.wait()
+
+    # -- caught up (caught_up.py) -----------------------------------------------------------
+
+    async def catch_up_mark(self) -> CatchUpMark:
+        """Where each source's consumer is now: the stream sequence of the last message its
+        filter selects (caught_up.py). Waits until every source is bound; raises
+        :class:`NotCaughtUp` if the run finishes first."""
+        marks: list[SourceMark] = []
+        for source in self.sources:
+            await either(source.bound, self._finished)
+            spec = source.node.source
+            if self._finished.is_set() or spec is None or source.consumer_name is None:
+                raise NotCaughtUp(f"pipeline {self.pipeline.name!r} ended before it was bound")
+            mark, _info = await catch_up_mark(
+                self.js, source.node.name, spec.stream, source.consumer_name
+            )
+            marks.append(mark)
+        return CatchUpMark(tuple(marks))
+
+    async def wait_caught_up(self, mark: CatchUpMark | None = None) -> PipelineStats:
+        """Wait until every message each source's stream held for its consumer when called
+        (or at ``mark``) is acked, terminated or dead-lettered; a copy of the stats then.
+
+        Messages naked and waiting for their redelivery (or whose ack wait ran out) are not
+        caught up; messages stored after the call are not waited for. Raises
+        :class:`NotCaughtUp` if the run ends first (drained or stopped), the server's error
+        if a consumer is gone (``ConsumerNotFound``); a run that fails for good cancels the
+        wait and its block raises the failure. The server decides, asked after each ack the
+        tracker sends (caught_up.py says why that is exact).
+        """
+        if mark is None:
+            mark = await self.catch_up_mark()
+        left = list(mark.sources)
+        pause = RECHECK_MIN
+        while True:
+            changed = self.tracker.changed()  # taken first: no change is missed while asking
+            await self.nc.flush()  # the acks sent so far reached the server
+            still = []
+            for source in left:
+                # (A failover or reconnect answers late or not at all: asked again, for a
+                # while, rather than failing the wait; a deleted consumer is not transient.)
+                info = await retry_transient(partial(self._consumer_info, source))
+                if not reached(source, info):
+                    still.append(source)
+            left = still
+            if not left:
+                return attrs.evolve(self.stats, failures=dict(self.stats.failures))
+            if self._finished.is_set():
+                raise NotCaughtUp(
+                    f"pipeline {self.pipeline.name!r} ended before it caught up: "
+                    + ", ".join(f"{s.stream}/{s.consumer} to #{s.seq}" for s in left)
+                )
+            with trio.move_on_after(pause):
+                await either(changed, self._finished)
+                pause = RECHECK_MIN
+                continue
+            pause = min(2 * pause, RECHECK_MAX)
+
+    async def _consumer_info(self, source: SourceMark) -> ConsumerInfo:
+        return await self.js.consumer_info(source.stream, source.consumer)
 
     async def _abandon(self) -> None:
         """The pipeline gives up (a sink down past its deadline): nak everything it holds, so

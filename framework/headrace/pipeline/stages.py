@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -65,10 +65,15 @@ class SourceHost(Protocol):
 
 class SinkHost(Protocol):
     """What a sink stage needs of its run: its sink's :class:`SinkContext`, the stats it
-    counts batches in, and where a failure it survives is reported (``PipelineRun.errors``)."""
+    counts batches in, where a failure it survives is reported (``PipelineRun.errors``), and
+    whom to tell of each committed batch besides the tracker (``on_commit``: the test harness's
+    record of what each sink committed; None in production)."""
 
     @property
     def stats(self) -> PipelineStats: ...
+
+    @property
+    def on_commit(self) -> Callable[[str, list[Record]], None] | None: ...
 
     def sink_context(self, sink: Node) -> SinkContext: ...
 
@@ -517,6 +522,9 @@ class SinkStage(Stage):
         stats.commit_seconds_last = elapsed
         stats.commit_seconds_total += elapsed
         self.tracker.committed(records)
+        on_commit = self.run_.on_commit
+        if on_commit is not None:
+            on_commit(self.node.name, records)
         self._note_failing()
         return None
 

@@ -1,0 +1,101 @@
+"""`headrace run --until-caught-up` as a process against a real nats-server: a backfill that
+exits by itself, 0 only when every message the stream held is written once and acked; the
+usual non-zero codes of docs/failures.md otherwise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_support import (
+    consumer_info,
+    create_stream,
+    publish,
+    read_jsonl,
+    run_headrace,
+    write_pipeline,
+)
+
+BACKFILL = """\
+def bad_three(order):
+    if order["id"] == 3:
+        raise ValueError("order 3 is poison")
+    return order
+
+pipeline = Pipeline(
+    "backfill", nak_delay=0.05, nak_delay_max=0.1, max_deliveries=2, dead_letter=DEAD_LETTER
+)
+flow = pipeline.source(JetStreamSource(stream="ORDERS", durable="backfill")).map(json.loads)
+if POISON:
+    flow = flow.map(bad_three)
+flow.sink(JsonlSink(OUT), name="files", batch=BatchPolicy(max_messages=7, max_age=0.05))
+"""
+
+
+def backfill(tmp_path: Path, *, poison: bool = False, dead_letter: str | None = None) -> Path:
+    out = tmp_path / "out"
+    out.mkdir()
+    body = f"OUT = {str(out)!r}\nPOISON = {poison!r}\nDEAD_LETTER = {dead_letter!r}\n" + BACKFILL
+    return write_pipeline(tmp_path, body)
+
+
+def events(stderr: bytes) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stderr.decode().splitlines() if line.startswith("{")]
+
+
+async def test_exits_0_once_caught_up_with_every_message_written_once(
+    nats_server, natspy, tmp_path: Path
+) -> None:
+    await create_stream(natspy, nats_server.url)
+    await publish(natspy, 40)
+    path = backfill(tmp_path)
+    done = await run_headrace(
+        "run", f"{path}:pipeline", "--nats", nats_server.url, "--until-caught-up", "--json-logs"
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert sorted(r["value"]["id"] for r in read_jsonl(tmp_path / "out")) == list(range(40))
+    said = [e["event"] for e in events(done.stderr)]
+    assert said.index("caught_up") < said.index("stopped")
+    info = await consumer_info(natspy, "backfill")
+    assert info.ack_floor.stream_seq == 40 and info.num_ack_pending == 0
+
+
+async def test_a_poison_message_dead_lettered_still_exits_0(
+    nats_server, natspy, tmp_path: Path
+) -> None:
+    await create_stream(natspy, nats_server.url)
+    await create_stream(natspy, nats_server.url, "DLQ")
+    await publish(natspy, 10)
+    path = backfill(tmp_path, poison=True, dead_letter="dlq.orders")
+    done = await run_headrace(
+        "run", f"{path}:pipeline", "--nats", nats_server.url, "--until-caught-up"
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert sorted(r["value"]["id"] for r in read_jsonl(tmp_path / "out")) == [
+        i for i in range(10) if i != 3
+    ]
+    dlq = await natspy.call(natspy.nc.jetstream().stream_info, "DLQ")
+    assert dlq.state.messages == 1
+
+
+async def test_a_poison_message_terminated_unkept_exits_4(
+    nats_server, natspy, tmp_path: Path
+) -> None:
+    await create_stream(natspy, nats_server.url)
+    await publish(natspy, 10)
+    path = backfill(tmp_path, poison=True)
+    done = await run_headrace(
+        "run", f"{path}:pipeline", "--nats", nats_server.url, "--until-caught-up"
+    )
+    assert done.returncode == 4, done.stderr.decode()
+    assert len(read_jsonl(tmp_path / "out")) == 9
+
+
+async def test_with_workers_is_a_usage_error(nats_server, tmp_path: Path) -> None:
+    path = backfill(tmp_path)
+    done = await run_headrace(
+        "run", f"{path}:pipeline", "--nats", nats_server.url, "--until-caught-up",
+        "--workers", "2",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert b"--until-caught-up cannot be combined with --workers" in done.stderr
