@@ -92,7 +92,13 @@ async def test_a_sink_failing_one_batch_in_ten_keeps_the_output_exact(
     where = f"(seed {seed}: {lake.failed_before} failed before, {lake.failed_after} after)"
     assert lake.failed_before > 0 and lake.failed_after > 0, where
     assert stats.dead_lettered == 0 and stats.terms == 0 and stats.terminated_unkept == 0, where
-    assert stats.acks == published and stats.sink_retries > 0, (stats, where)
+    assert stats.sink_retries > 0, (stats, where)
+    # Every message was delivered (its first delivery once) and acked. Not `acks == published`:
+    # on a starved machine (CI: four test processes on two cores) a +WPI can come after the 2 s
+    # ack_wait, the server then delivers the message again, and both deliveries are acked
+    # (the sink writes it once: checked below). Seen once, 250 redeliveries in 154,000.
+    assert stats.messages_in - stats.redeliveries == published, (stats, where)
+    assert stats.acks >= published, (stats, where)
     seqs = collections.Counter(
         json.loads(line)["stream_seq"]
         for path in out.glob("*.jsonl")
