@@ -40,10 +40,12 @@ docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
 ## Same-run comparisons with the peers (bench/README.md). The consume benchmark's --anchors
-## builds libnats (apt-get install libnats-dev) and installs nats.js (npm) as `make anchors` does.
+## builds libnats (apt-get install libnats-dev) and installs nats.js (npm) as `make anchors` does;
+## headrace and the anchors pull the same window, at the ADR-37 default (1000) and at 10000.
 bench: $(STAMP)
 	$(BIN)/headrace bench core
-	$(BIN)/headrace bench consume --anchors
+	$(BIN)/headrace bench consume --anchors --buffer 1000
+	$(BIN)/headrace bench consume --anchors --buffer 10000
 	$(BIN)/headrace bench pipeline
 	$(BIN)/headrace bench e2e
 	$(BIN)/headrace bench scale

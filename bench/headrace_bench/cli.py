@@ -64,6 +64,15 @@ def add_parser(commands: Any) -> None:
         ),
     )
     bench.add_argument(
+        "--anchor-window",
+        type=int,
+        default=None,
+        help=(
+            "consume with --anchors: the anchors' pull window ($ANCHOR_BATCH; default: "
+            "headrace's --buffer, so both pull the same number of messages at a time)"
+        ),
+    )
+    bench.add_argument(
         "--batch",
         type=int,
         default=None,
@@ -95,6 +104,9 @@ def _bench(args: argparse.Namespace) -> int:
         args.messages = 10_000 if args.what == "checkpoints" else 200_000
     if args.anchors and args.what != "consume":
         print("headrace bench: --anchors applies to `bench consume` only", file=sys.stderr)
+        return 2
+    if args.anchor_window is not None and not args.anchors:
+        print("headrace bench: --anchor-window needs --anchors", file=sys.stderr)
         return 2
     if args.what not in ("e2e", "scale") and args.batch is not None:
         print(
@@ -132,6 +144,7 @@ def _bench(args: argparse.Namespace) -> int:
                 anchors=args.anchors,
                 as_json=args.json,
                 buffer=args.buffer or consume.HEADRACE_BUFFER,
+                anchor_window=args.anchor_window,
             )
         except (LocalServerError, consume.BenchmarkError) as exc:
             print(f"headrace bench: {exc}", file=sys.stderr)

@@ -521,8 +521,10 @@ def _prepare_natsjs(anchors: Path, work: Path) -> _Peer:
     return _Peer("nats.js", [node, str(script)], env={**os.environ, "NODE_PATH": str(modules)})
 
 
-def _measure_peer(peer: _Peer, url: str, n: int, ack: bool) -> dict[str, Any]:
-    child = _run_child([*peer.command, url, str(n), _mode(ack)], env=peer.env)
+def _measure_peer(peer: _Peer, url: str, n: int, ack: bool, window: int) -> dict[str, Any]:
+    # The anchors read their pull window from $ANCHOR_BATCH (../shared/anchors/README.md).
+    env = {**(peer.env or os.environ), "ANCHOR_BATCH": str(window)}
+    child = _run_child([*peer.command, url, str(n), _mode(ack)], env=env)
     line = _last_json(child)
     if child.returncode != 0 or line is None:
         return {"impl": peer.impl, "ack": ack, "msgs": 0, "expected": n, "error": _failure(child)}
@@ -534,6 +536,7 @@ def _measure_peer(peer: _Peer, url: str, n: int, ack: bool) -> dict[str, Any]:
     else:
         result["msg_per_s"] = line.get("msg_per_s")
     result["what"] = line.get("anchor")
+    result["window"] = window
     result["peak_rss_mb"] = child.peak_rss_mb
     return result
 
@@ -551,6 +554,7 @@ def _measure_python(
         return {"impl": impl, "ack": ack, "msgs": 0, "expected": n, "error": _failure(child)}
     own, sampled = result.get("peak_rss_mb"), child.peak_rss_mb
     result["peak_rss_mb"] = max((v for v in (own, sampled) if v is not None), default=None)
+    result["window"] = buffer if impl == "headrace" else NATSPY_BATCH
     return result
 
 
@@ -583,8 +587,9 @@ def _print_table(results: list[dict[str, Any]], load: dict[str, Any] | None) -> 
                 f"  [{r['pull_requests']} pulls, {r['heartbeat_alarms']} heartbeat alarms, "
                 f"{r['pull_warnings']} pull warnings]"
             )
+        window = f"window {r['window']:>5}  " if "window" in r else ""
         print(
-            f"{r['impl']:>9} {mode:>5}: {r['msg_per_s']:>9,} msg/s  "
+            f"{r['impl']:>9} {mode:>5}: {r['msg_per_s']:>9,} msg/s  {window}"
             f"{r['msgs']:,}/{r['expected']:,} msgs  {rss}  {ratios}".rstrip()
         )
 
@@ -599,11 +604,15 @@ def run(
     idle: float = 5.0,
     buffer: int = HEADRACE_BUFFER,
     profile_dir: Path | None = None,
+    anchor_window: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run the benchmark; print one JSON line per implementation and mode, or a table.
 
-    Returns every line (failures carry ``error``, unavailable anchors ``skipped``).
+    The anchors pull ``anchor_window`` messages at a time (default: ``buffer``, headrace's
+    window, so the comparison is at equal windows); every line says its ``window``. Returns
+    every line (failures carry ``error``, unavailable anchors ``skipped``).
     """
+    window = buffer if anchor_window is None else anchor_window
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="headrace-bench-") as tmp:
         peers: list[_Peer] = []
@@ -622,7 +631,9 @@ def run(
                     _measure_python(impl, url, messages, ack, idle, buffer, profile_dir)
                     for impl in IMPLS
                 )
-                results.extend(_measure_peer(p, url, messages, ack) for p in peers if p.command)
+                results.extend(
+                    _measure_peer(p, url, messages, ack, window) for p in peers if p.command
+                )
     for r in results:
         r["payload"] = payload
     results.extend({"impl": p.impl, "skipped": p.skipped} for p in peers if not p.command)
@@ -657,6 +668,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--anchors", action="store_true")
     parser.add_argument("--anchors-dir", type=Path)
     parser.add_argument(
+        "--anchor-window", type=int, help="the anchors' pull window (default: --buffer)"
+    )
+    parser.add_argument(
         "--profile",
         help="consume role: cProfile stats file; whole run: a folder for one file per child",
     )
@@ -676,6 +690,7 @@ def main(argv: list[str] | None = None) -> None:
         idle=args.idle,
         buffer=args.buffer,
         profile_dir=profile_dir,
+        anchor_window=args.anchor_window,
     )
     if profile_dir is not None:
         for path in sorted(profile_dir.glob("*.prof")):
