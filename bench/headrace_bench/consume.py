@@ -59,6 +59,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +262,7 @@ async def _consume_headrace(
         await js.create_consumer(STREAM, config)
         consumer = await js.pull_consumer(STREAM, name)
         started = time.perf_counter()
+        cpu_started = time.process_time()
         async with consumer.consume(max_messages=buffer) as messages:
             events = messages.events(100_000)  # read once the consume has ended
             while got < n:
@@ -276,6 +278,7 @@ async def _consume_headrace(
             if ack:
                 await nc.flush(30)  # the acks are out: the server has read them all
             elapsed = time.perf_counter() - started
+            cpu = time.process_time() - cpu_started
         peak = _peak_rss_mb()
         alarms = warnings = 0
         async for event in events:
@@ -294,6 +297,7 @@ async def _consume_headrace(
         elapsed,
         problems + server,
         peak_rss_mb=peak,
+        client_cpu_s=round(cpu, 3),
         buffer=buffer,
         pull_requests=messages.requests_sent,
         heartbeat_alarms=alarms,
@@ -317,6 +321,7 @@ async def _consume_natspy(url: str, n: int, ack: bool, idle: float) -> dict[str,
     config = ConsumerConfig(ack_policy=policy, max_ack_pending=MAX_ACK_PENDING)
     sub = await js.pull_subscribe(SUBJECTS, durable=name, stream=STREAM, config=config)
     started = time.perf_counter()
+    cpu_started = time.process_time()
     while got < n:
         try:
             batch = await sub.fetch(NATSPY_BATCH, timeout=idle)
@@ -331,13 +336,22 @@ async def _consume_natspy(url: str, n: int, ack: bool, idle: float) -> dict[str,
     if ack:
         await nc.flush(30)
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     peak = _peak_rss_mb()
     problems = _client_problems(n, got, order)
     server = await _settled_problems(n, ack, lambda: js.consumer_info(STREAM, name), asyncio.sleep)
     await js.delete_consumer(STREAM, name)
     await nc.close()
     return _result(
-        "nats-py", ack, n, got, elapsed, problems + server, peak_rss_mb=peak, batch=NATSPY_BATCH
+        "nats-py",
+        ack,
+        n,
+        got,
+        elapsed,
+        problems + server,
+        peak_rss_mb=peak,
+        client_cpu_s=round(cpu, 3),
+        batch=NATSPY_BATCH,
     )
 
 
@@ -524,7 +538,11 @@ def _prepare_natsjs(anchors: Path, work: Path) -> _Peer:
 def _measure_peer(peer: _Peer, url: str, n: int, ack: bool, window: int) -> dict[str, Any]:
     # The anchors read their pull window from $ANCHOR_BATCH (../shared/anchors/README.md).
     env = {**(peer.env or os.environ), "ANCHOR_BATCH": str(window)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     child = _run_child([*peer.command, url, str(n), _mode(ack)], env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The whole program's CPU (start-up included: a few ms for libnats, ~0.1 s for node).
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     line = _last_json(child)
     if child.returncode != 0 or line is None:
         return {"impl": peer.impl, "ack": ack, "msgs": 0, "expected": n, "error": _failure(child)}
@@ -537,6 +555,7 @@ def _measure_peer(peer: _Peer, url: str, n: int, ack: bool, window: int) -> dict
         result["msg_per_s"] = line.get("msg_per_s")
     result["what"] = line.get("anchor")
     result["window"] = window
+    result["client_cpu_s"] = round(cpu, 3)
     result["peak_rss_mb"] = child.peak_rss_mb
     return result
 
@@ -555,6 +574,27 @@ def _measure_python(
     own, sampled = result.get("peak_rss_mb"), child.peak_rss_mb
     result["peak_rss_mb"] = max((v for v in (own, sampled) if v is not None), default=None)
     result["window"] = buffer if impl == "headrace" else NATSPY_BATCH
+    return result
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _with_server_cpu(pid: int | None, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``measure()``, with the CPU seconds nats-server spent meanwhile (``server_cpu_s``) and
+    both processes' CPU per 100k messages: where the time goes, process by process."""
+    before = _cpu_seconds(pid) if pid is not None else None
+    result = measure()
+    if before is not None and pid is not None:
+        result["server_cpu_s"] = round(_cpu_seconds(pid) - before, 3)
+    msgs = result.get("msgs") or 0
+    if msgs and "error" not in result:
+        for key in ("client_cpu_s", "server_cpu_s"):
+            if key in result:
+                result[key.replace("_s", "_s_per_100k")] = round(result[key] * 100_000 / msgs, 3)
     return result
 
 
@@ -588,6 +628,11 @@ def _print_table(results: list[dict[str, Any]], load: dict[str, Any] | None) -> 
                 f"{r['pull_warnings']} pull warnings]"
             )
         window = f"window {r['window']:>5}  " if "window" in r else ""
+        if "client_cpu_s_per_100k" in r and "server_cpu_s_per_100k" in r:
+            ratios += (
+                f"  CPU s/100k: client {r['client_cpu_s_per_100k']:.2f}"
+                f" server {r['server_cpu_s_per_100k']:.2f}"
+            )
         print(
             f"{r['impl']:>9} {mode:>5}: {r['msg_per_s']:>9,} msg/s  {window}"
             f"{r['msgs']:,}/{r['expected']:,} msgs  {rss}  {ratios}".rstrip()
@@ -626,13 +671,19 @@ def run(
             load = _last_json(loader)
             if loader.returncode != 0 or load is None:
                 raise BenchmarkError(f"loading the stream failed: {_failure(loader)}")
+            pid = server.pid
             for ack in (False, True):  # per mode, so that compared figures are close in time
                 results.extend(
-                    _measure_python(impl, url, messages, ack, idle, buffer, profile_dir)
-                    for impl in IMPLS
+                    _with_server_cpu(
+                        pid,
+                        partial(_measure_python, i, url, messages, ack, idle, buffer, profile_dir),
+                    )
+                    for i in IMPLS
                 )
                 results.extend(
-                    _measure_peer(p, url, messages, ack, window) for p in peers if p.command
+                    _with_server_cpu(pid, partial(_measure_peer, p, url, messages, ack, window))
+                    for p in peers
+                    if p.command
                 )
     for r in results:
         r["payload"] = payload

@@ -92,6 +92,11 @@ class LocalServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The nats-server process id while it runs (to signal it, or read its CPU time)."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self, timeout: float = 20.0) -> LocalServer:
         proc = subprocess.Popen(
             [find_nats_server(), "-c", str(self._config)],

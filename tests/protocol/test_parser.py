@@ -784,6 +784,8 @@ def check_round_trip(data: st.DataObject, frames: list[Any]) -> None:
     assert split.error is None
     assert describe_all(split.events) == expected
     assert split.parser.buffered == 0
+    sizes = sum(e.size for e in whole.events if isinstance(e, Msg))
+    assert whole.parser.message_bytes == split.parser.message_bytes == sizes
 
     # the same pieces cut anywhere yield exactly the frames that ended before the cut
     cut = data.draw(st.integers(0, len(blob)), label="truncate at")
@@ -862,6 +864,11 @@ def check_garbage(data: st.DataObject, blob: bytes, limits: dict[str, int]) -> N
             whole.parser.feed(b"PING\r\n")
     else:
         assert whole.parser.buffered == split.parser.buffered
+    # The statistics' message bytes: what the events add up to, however the bytes came, an
+    # error included (the events before it are dispatched, and counted).
+    for fed in (whole, split):
+        msgs = [e for e in fed.events if isinstance(e, Msg)]
+        assert fed.parser.message_bytes == sum(m.size for m in msgs)
     for event in whole.events:
         if isinstance(event, Msg):
             check_msg_consistent(event, blob)

@@ -57,7 +57,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headrace {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-
     from headrace.cli import (
         checkpoints,
         consumer,

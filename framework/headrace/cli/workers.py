@@ -794,9 +794,7 @@ class Supervisor:
                     if problem is not None:
                         aux.cancel_scope.cancel()
                         return _fail(problem)
-                self.event(
-                    "started", pid=os.getpid(), workers=len(self.workers), **self.details
-                )
+                self.event("started", pid=os.getpid(), workers=len(self.workers), **self.details)
                 self._last_sample = (trio.current_time(), 0, 0)
                 aux.start_soon(self._progress)
                 async with trio.open_nursery() as relays:

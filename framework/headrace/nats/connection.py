@@ -79,7 +79,7 @@ from headrace.nats.servers import PoolEntry, ServerAddress, ServerPool
 from headrace.nats.statistics import Statistics
 from headrace.nats.subscription import BatchHandler, Subscription
 from headrace.protocol.commands import encode_hpub, encode_pub
-from headrace.protocol.events import Event, Msg, ServerInfo, messages_size
+from headrace.protocol.events import Event, Msg, ServerInfo
 from headrace.protocol.headers import Headers, encode_header_block
 from headrace.protocol.session import (
     ClientSession,
@@ -616,6 +616,10 @@ class Connection:
     async def _reader(self, t: Transport) -> None:
         stream, parser, stats = t.stream, t.parser, self.stats
         read_size = self._opts.read_size
+        # Message bytes as the server counts them: the parser sums them as it reads the sizes
+        # (this transport's parser counts from zero; the statistics span every transport).
+        base = stats.in_bytes
+        stats.in_bytes = base + parser.message_bytes  # what arrived with the handshake's PONG
         if t.leftover:
             await self._dispatch(t.leftover)
             t.leftover = []
@@ -627,8 +631,10 @@ class Connection:
             try:
                 events = parser.feed(data)
             except ProtocolError as exc:
+                stats.in_bytes = base + parser.message_bytes
                 await self._dispatch(list(exc.events))  # type: ignore[arg-type]
                 raise
+            stats.in_bytes = base + parser.message_bytes
             await self._dispatch(events)
 
     async def _dispatch(self, events: list[Event]) -> None:
@@ -656,7 +662,6 @@ class Connection:
     async def _route(self, sid: int, batch: list[Msg]) -> None:
         stats = self.stats
         stats.in_msgs += len(batch)
-        stats.in_bytes += messages_size(batch)  # as the server counts (see Statistics)
         sub = self._subs.get(sid)
         if sub is not None:
             await sub._deliver(batch)

@@ -162,7 +162,6 @@ def _fn_name(fn: Callable[..., Any] | None, kind: str) -> str:
     return kind if not name or name == "<lambda>" else name
 
 
-
 class PipelineGraph:
     """A named graph of sources, operators and sinks, with the settings its run follows; the
     base of :class:`~headrace.pipeline.graph.Pipeline`, whose docs describe the settings. The

@@ -36,6 +36,7 @@ from headrace.protocol.events import (
     Info,
     Msg,
     ServerInfo,
+    messages_size,
 )
 
 #: nats-server's default ``max_control_line``; the client uses the same bound for lines it reads.
@@ -67,6 +68,10 @@ def _classify(line: bytes) -> int:
     raise ProtocolError(f"unknown protocol operation: {line[:64]!r}")
 
 
+#: Entries each memo of the MSG fast path holds at most before it starts over.
+_MEMO_LIMIT = 4096
+
+
 def _size(token: bytes, what: str) -> int:
     if not token.isdigit():
         raise ProtocolError(f"{what} must be a non-negative decimal integer, not {token[:20]!r}")
@@ -76,7 +81,19 @@ def _size(token: bytes, what: str) -> int:
 class ProtocolParser:
     """Incremental parser of what a NATS server sends to a client."""
 
-    __slots__ = ("_chunks", "_error", "_have", "_need", "_rest", "max_control_line", "max_payload")
+    __slots__ = (
+        "_chunks",
+        "_error",
+        "_have",
+        "_need",
+        "_rest",
+        "_sids",
+        "_sizes",
+        "_subjects",
+        "max_control_line",
+        "max_payload",
+        "message_bytes",
+    )
 
     def __init__(
         self,
@@ -94,6 +111,14 @@ class ProtocolParser:
         self._have = 0
         self._need = 0
         self._error: ProtocolError | None = None
+        #: Bytes of every message parsed so far, payload and header block, as the server
+        #: counts them (the connection's ``stats.in_bytes``: counted here, where each size is
+        #: known anyway, instead of summed again per batch).
+        self.message_bytes = 0
+        # The MSG fast path's memos (see _parse), from the bytes as received.
+        self._sizes: dict[bytes, int] = {}
+        self._sids: dict[bytes, int] = {}
+        self._subjects: dict[bytes, str] = {}
 
     @property
     def buffered(self) -> int:
@@ -122,11 +147,13 @@ class ProtocolParser:
         try:
             pos = self._parse(buf, events)
         except ProtocolError as exc:
+            self.message_bytes += messages_size(e for e in events if type(e) is Msg)
             exc.events = events
             self._error = exc
             self._rest = b""
             raise
         except (ValueError, UnicodeDecodeError) as exc:
+            self.message_bytes += messages_size(e for e in events if type(e) is Msg)
             err = ProtocolError(f"malformed protocol data: {exc}")
             err.events = events
             self._error = err
@@ -144,6 +171,14 @@ class ProtocolParser:
         pos = 0
         max_line = self.max_control_line
         max_payload = self.max_payload
+        sizes, sids, subjects = self._sizes, self._sids, self._subjects
+        if len(subjects) > _MEMO_LIMIT or len(sizes) > _MEMO_LIMIT or len(sids) > _MEMO_LIMIT:
+            # Bounded, whatever subjects arrive: start over.
+            sizes.clear()
+            sids.clear()
+            subjects.clear()
+        sizes_get, sids_get, subjects_get = sizes.get, sids.get, subjects.get
+        total = 0  # message bytes (payload and header block), for the statistics
         while pos < n:
             eol = find(b"\r\n", pos)
             if eol < 0:
@@ -151,6 +186,7 @@ class ProtocolParser:
                     raise ControlLineTooLong(
                         f"protocol line longer than {max_line} bytes: {buf[pos : pos + 64]!r}..."
                     )
+                self.message_bytes += total
                 return pos
             if eol - pos > max_line:
                 raise ControlLineTooLong(
@@ -160,20 +196,27 @@ class ProtocolParser:
             if buf.startswith(b"MSG ", pos):
                 # The fast path: a well-formed MSG, all checks in one condition. Anything else
                 # (a short buffer, a bad number, no reply) takes the general path below, which
-                # decides what it is and raises the precise error.
+                # decides what it is and raises the precise error. Subjects, sids and sizes
+                # repeat from message to message (a consume: one sid, a few subjects, equal
+                # sizes), so their decoded forms are looked up, checked once when first seen.
                 args = buf[pos + 4 : eol].split()
                 if len(args) == 4:
-                    subject, sid, reply_b, size_b = args
-                    if size_b.isdigit() and sid.isdigit():
-                        size = int(size_b)
-                        end = eol + 2 + size
+                    subject, sid_b, reply_b, size_b = args
+                    msg_size = sizes_get(size_b)
+                    if msg_size is None and size_b.isdigit():
+                        msg_size = sizes[size_b] = int(size_b)
+                    msg_sid = sids_get(sid_b)
+                    if msg_sid is None and sid_b.isdigit():
+                        msg_sid = sids[sid_b] = int(sid_b)
+                    if msg_size is not None and msg_sid is not None:
+                        end = eol + 2 + msg_size
                         # startswith is False past the end: this checks the length too.
-                        if size <= max_payload and buf.startswith(b"\r\n", end):
-                            append(
-                                Msg(
-                                    subject.decode(), int(sid), reply_b.decode(), buf[eol + 2 : end]
-                                )
-                            )
+                        if msg_size <= max_payload and buf.startswith(b"\r\n", end):
+                            text = subjects_get(subject)
+                            if text is None:
+                                text = subjects[subject] = subject.decode()
+                            append(Msg(text, msg_sid, reply_b.decode(), buf[eol + 2 : end]))
+                            total += msg_size
                             pos = end + 2
                             continue
                 kind = _MSG
@@ -199,6 +242,7 @@ class ProtocolParser:
                                     buf[start:hend],
                                 )
                             )
+                            total += size
                             pos = end + 2
                             continue
                 kind = _HMSG if buf[pos + 4 : pos + 5] in (b" ", b"\t") else _classify(buf[pos:eol])
@@ -244,6 +288,7 @@ class ProtocolParser:
                 end = start + size
                 if end + 2 > n:
                     self._need = end + 2 - pos
+                    self.message_bytes += total
                     return pos
                 if buf[end : end + 2] != b"\r\n":
                     raise ProtocolError(
@@ -254,6 +299,7 @@ class ProtocolParser:
                     append(Msg(subject.decode(), int(sid), reply, buf[hend:end], buf[start:hend]))
                 else:
                     append(Msg(subject.decode(), int(sid), reply, buf[start:end]))
+                total += size
                 pos = end + 2
             elif kind == _PING:
                 append(PING_EVENT)
@@ -277,4 +323,5 @@ class ProtocolParser:
                     raise ProtocolError(f"INFO is not valid JSON: {exc}") from exc
                 append(Info(ServerInfo.from_json(obj)))
                 pos = eol + 2
+        self.message_bytes += total
         return pos
