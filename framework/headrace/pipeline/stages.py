@@ -415,20 +415,42 @@ class BatcherStage(Stage):
                     await self.forward_end()
                     return
                 continue
+            if policy.max_bytes is None:
+                await self._add_counted(item, policy.max_messages)
+                continue
             last = len(item) - 1
             for i, record in enumerate(item):
                 if not self._records:
                     self._first_at = trio.current_time()
                 self._records.append(record)
-                if policy.max_bytes is not None:
-                    self._bytes += len(record.data)
-                full = len(self._records) >= policy.max_messages or (
-                    policy.max_bytes is not None and self._bytes >= policy.max_bytes
-                )
+                self._bytes += len(record.data)
+                full = len(self._records) >= policy.max_messages or self._bytes >= policy.max_bytes
                 # Cut only between messages: the records of one message (a flat_map's) go in
                 # one batch, so a sink deduplicating by stream sequence never skips half.
                 if full and (i == last or item[i + 1].delivery is not record.delivery):
                     await self._cut()
+
+    async def _add_counted(self, item: list[Record], max_messages: int) -> None:
+        """Add ``item`` to the batch, cutting at ``max_messages`` records, whole slices at a
+        time (the loop above, without a byte limit, one step per batch instead of per record).
+        The same rule: a cut comes only between messages, so it may pass the count to keep a
+        message's records together."""
+        i, n = 0, len(item)
+        while i < n:
+            if not self._records:
+                self._first_at = trio.current_time()
+            j = i + max_messages - len(self._records)  # the first record past full
+            if j >= n:
+                self._records.extend(item[i:] if i else item)
+                if len(self._records) >= max_messages:
+                    await self._cut()
+                return
+            delivery = item[j - 1].delivery
+            while j < n and item[j].delivery is delivery:
+                j += 1
+            self._records.extend(item[i:j])
+            i = j
+            await self._cut()
 
     async def _cut(self) -> None:
         if not self._records:

@@ -1,7 +1,10 @@
-"""A map changes its records' values in place when no other stage holds them (one object less
-per message on the data path); where a fan-out hands the same records to several branches it
-must not, or one branch would see another's values. Run with the server-less harness: the
-stages are the production ones, only the server is in memory."""
+"""Shortcuts on the data path (issue 14) that must not change what a pipeline does.
+
+A map changes its records' values in place when no other stage holds them (one object less per
+message); where a fan-out hands the same records to several branches it must not, or one branch
+would see another's values. The batcher adds whole slices when there is no byte limit; its cuts
+must still come only between messages. Run with the server-less harness: the stages are the
+production ones, only the server is in memory."""
 
 from __future__ import annotations
 
@@ -77,3 +80,40 @@ async def test_in_place_maps_with_concurrency(ordered: str) -> None:
     async with run_pipeline(pipe, FED) as run:
         await run.settled()
     assert sorted(run.values("lake")) == [1, 2, 3, 4, 5]
+
+
+class BatchLog:
+    """A sink that keeps each batch's records, as (stream_seq, value) per batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[int, object]]] = []
+
+    def write_batch(self, batch: object) -> None:
+        self.batches.append([(r.stream_seq, r.value) for r in batch.records])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("max_bytes", [None, 10**9], ids=["by-count", "by-count-and-bytes"])
+async def test_batches_are_cut_between_messages_only(max_bytes: int | None) -> None:
+    """A flat_map makes three records per message; batches of at most 4 records are cut only
+    between messages, so each holds whole messages and passes 4 only to finish one. Both the
+    batcher's paths (with a byte limit, record by record; without, slice by slice) agree."""
+    from headrace.pipeline import BatchPolicy
+
+    log = BatchLog()
+    pipe = Pipeline("cuts", nak_delay=0.05)
+    (
+        pipe.source(source(), name="numbers")
+        .flat_map(lambda data: [data, data, data], name="triple")
+        .sink(log, name="log", batch=BatchPolicy(max_messages=4, max_bytes=max_bytes, max_age=5))
+    )
+    fed = [TestMessage("n.x", str(i)) for i in range(1, 21)]
+    async with run_pipeline(pipe, fed) as run:
+        await run.settled()
+    assert sorted(seq for batch in log.batches for seq, _ in batch) == sorted(
+        seq for seq in range(1, 21) for _ in range(3)
+    )
+    for batch in log.batches:
+        seqs = [seq for seq, _ in batch]
+        assert all(seqs.count(seq) == 3 for seq in seqs), batch  # whole messages only
+        assert len(batch) <= 4 + 2, batch  # past 4 only to finish the message at the cut
+    assert all(len(batch) >= 4 for batch in log.batches[:-1])  # cut when full, not before
