@@ -162,10 +162,9 @@ class AckTracker(Actor[_Poison | _Wake]):
         """Messages taken from a source become deliveries and records. ``since``: when their
         ack_wait started (they may have waited in a consume buffer), if not now."""
         now = trio.current_time() if since is None else since
-        deliveries = [Delivery(m, now, source) for m in msgs]
-        group = _Group(now, deliveries)
-        for delivery in deliveries:
-            delivery.group = group
+        group = _Group(now, [])
+        deliveries = group.deliveries = [Delivery(m, now, source, group) for m in msgs]
+        group.open = len(deliveries)
         self._groups.append(group)
         self.in_flight[source] = self.in_flight.get(source, 0) + len(msgs)
         stats = self.stats
@@ -176,7 +175,8 @@ class AckTracker(Actor[_Poison | _Wake]):
             stats.lag = last.num_pending
             if last.num_delivered > 1 or msgs[0].metadata.num_delivered > 1:
                 stats.redeliveries += sum(1 for m in msgs if m.metadata.num_delivered > 1)
-        return [Record(m.data, d) for m, d in zip(msgs, deliveries, strict=True)]
+        # m.msg.data, not the JsMsg's data property: one call less per message.
+        return [Record(m.msg.data, d) for m, d in zip(msgs, deliveries, strict=True)]
 
     def forked(self, records: list[Record], copies: int) -> None:
         """Each of ``records`` goes on as ``copies`` records (a fan-out to several stages):

@@ -38,11 +38,11 @@ class Delivery:
         "wpi_at",
     )
 
-    def __init__(self, msg: JsMsg, received: float, source: str) -> None:
+    def __init__(self, msg: JsMsg, received: float, source: str, group: Any = None) -> None:
         #: The arrival group it belongs to (the ack tracker's bookkeeping), if any. The group
         #: lets go of its deliveries once all are settled, so this reference makes no cycle
         #: that would wait for a full garbage collection (docs/pipelines.md, memory).
-        self.group: Any = None
+        self.group = group
         self.msg = msg
         self.pending = 1
         #: Set when a sink or an operator failed on a record of it: it will not be acked.
