@@ -16,7 +16,7 @@ Acks go out through the connection's write buffer without a checkpoint per messa
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import trio
 
@@ -60,33 +60,42 @@ def ack_all(messages: list[JsMsg]) -> int:
     call, a fraction of the per-message cost. The same rules apply: acked messages and those of
     an ack-policy-none consumer are skipped; nothing is marked acked unless queuing succeeded.
     """
-    pending: list[JsMsg] = []
-    seen: set[int] = set()
-    for m in messages:
-        if m._acked or m._ack_none or id(m) in seen:
-            continue  # acked, not to be acked, or listed twice: one ack each, no more
-        seen.add(id(m))
-        pending.append(m)
+    if len(set(messages)) == len(messages):  # the usual case, checked at C speed
+        pending = [m for m in messages if not (m._acked or m._ack_none)]
+    else:
+        pending = []
+        seen: set[JsMsg] = set()
+        for m in messages:
+            if m._acked or m._ack_none or m in seen:
+                continue  # acked, not to be acked, or listed twice: one ack each, no more
+            seen.add(m)
+            pending.append(m)
     if not pending:
         return 0
-    replies = []
-    for m in pending:
-        reply = m.msg.reply
-        if reply is None:
-            raise NotAJetStreamMessage(f"{m!r} cannot be acknowledged: it has no reply")
-        replies.append(reply)
-    encoded = ("PUB " + " 4\r\n+ACK\r\nPUB ".join(replies) + " 4\r\n+ACK\r\n").encode()
+    replies = [m.msg.reply for m in pending]
+    if None in replies:
+        m = pending[replies.index(None)]
+        raise NotAJetStreamMessage(f"{m!r} cannot be acknowledged: it has no reply")
+    subjects = cast("list[str]", replies)  # None was ruled out just above
+    encoded = ("PUB " + " 4\r\n+ACK\r\nPUB ".join(subjects) + " 4\r\n+ACK\r\n").encode()
     conn = pending[0]._conn
     if any(m._conn is not conn for m in pending):
         for m in pending:  # messages of several connections: each to its own
             m.ack_nowait()
         return len(pending)
     conn.write_nowait(encoded, len(pending), 4 * len(pending))  # 4: len(b"+ACK")
+    # Each message's tracker told once per run of messages sharing it (usually all of them).
+    tracker: OutstandingAcks | None = None
+    run = 0
     for m in pending:
         m._acked = True
-        tracker = m._tracker
-        if tracker is not None:
-            tracker.acked()
+        if m._tracker is not tracker:
+            if tracker is not None:
+                tracker.acked(run)
+            tracker, run = m._tracker, 0
+        run += 1
+    if tracker is not None:
+        tracker.acked(run)
     return len(pending)
 
 
@@ -103,8 +112,8 @@ class OutstandingAcks:
     def delivered(self, n: int) -> None:
         self.count += n
 
-    def acked(self) -> None:
-        self.count -= 1
+    def acked(self, n: int = 1) -> None:
+        self.count -= n
         if self.count <= 0 and self._lot:
             self._lot.unpark_all()
 
