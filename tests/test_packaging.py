@@ -170,9 +170,7 @@ def test_versions_come_from_one_place_each_and_agree(wheels: dict[str, Path]) ->
     assert plugin["Version"] == plugin_version
     assert Path(wheels["headrace"]).name.startswith(f"headrace-{framework_version}-")
 
-    needs = {
-        Requirement(r).name: Requirement(r) for r in plugin.get_all("Requires-Dist") or []
-    }
+    needs = {Requirement(r).name: Requirement(r) for r in plugin.get_all("Requires-Dist") or []}
     assert needs["headrace"].specifier, "the plugin must say which headrace versions it fits"
     assert needs["headrace"].specifier.contains(Version(framework_version), prereleases=True)
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "checkpointed_orders.py"
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_the_example_runs() -> None:
     with trio.fail_after(60):
         done = await trio.run_process(
@@ -27,6 +29,7 @@ async def test_the_example_runs() -> None:
     assert "billing/ledger/orders.3  failed" in out and "card declined" in out
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_bench_checkpoints_runs_both_and_keeps_order() -> None:
     # A small run of `headrace bench checkpoints --json`: both implementations finish and
     # headrace reports every checkpoint at its version (else it prints an error and exits 1).

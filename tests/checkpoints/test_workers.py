@@ -197,6 +197,7 @@ async def test_two_hosts_share_a_group_and_never_process_a_checkpoint_together(
         assert len(seqs) == EVENTS and seqs == sorted(seqs)  # each once, in order
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_a_dead_hosts_reservations_expire_and_are_taken_over(
     nats_server: Any, natspy: Any
 ) -> None:

@@ -104,6 +104,7 @@ def test_output_check_finds_missing_and_doubled_rows(tmp_path: Path) -> None:
     assert any("1..5, not 1..6" in p for p in problems)
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 def test_bench_scale_small_run_verifies_each() -> None:
     pytest.importorskip("pyarrow")
     pytest.importorskip("headrace_spark")

@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cli_support import consumer_info, create_stream, headrace, publish, write_pipeline
 from headrace.shutdown import SAME_REQUEST_WINDOW
 
@@ -68,6 +69,7 @@ def _time(event: dict[str, Any]) -> float:
     return dt.datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_a_signal_repeated_at_once_is_the_same_request(
     nats_server: Any, natspy: Any, tmp_path: Path
 ) -> None:
@@ -92,6 +94,7 @@ async def test_a_signal_repeated_at_once_is_the_same_request(
     assert draining["signal"] == "SIGTERM"
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_a_later_signal_stops_hard_with_the_status_it_logs(
     nats_server: Any, natspy: Any, tmp_path: Path
 ) -> None:
@@ -117,6 +120,7 @@ async def test_a_later_signal_stops_hard_with_the_status_it_logs(
     assert info.ack_floor.stream_seq == 0  # nothing committed, nothing acked: redelivered
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_a_hard_stop_that_hangs_exits_with_the_status_it_logs(
     nats_server: Any, natspy: Any, tmp_path: Path
 ) -> None:
@@ -138,6 +142,7 @@ async def test_a_hard_stop_that_hangs_exits_with_the_status_it_logs(
     assert final["hard"] is True and final["forced"] is True
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_a_signal_after_the_last_event_does_not_change_the_status(
     nats_server: Any, natspy: Any, tmp_path: Path
 ) -> None:

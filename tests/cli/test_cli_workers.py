@@ -402,6 +402,7 @@ async def test_stdout_passes_through_and_plain_progress_sums(
     assert " stopped " in proc.err[-1] and "exit_code=0" in proc.err[-1]
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_second_signal_stops_the_workers_hard(nats_server, natspy, tmp_path: Path) -> None:
     await create_stream(natspy, nats_server.url)
     path = write_pipeline(tmp_path, STUCK)
@@ -445,6 +446,7 @@ async def test_second_signal_stops_the_workers_hard(nats_server, natspy, tmp_pat
     assert info.ack_floor.stream_seq == 0
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_a_failed_worker_is_restarted_with_backoff(
     nats_server, natspy, tmp_path: Path
 ) -> None:

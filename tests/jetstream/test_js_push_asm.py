@@ -60,6 +60,7 @@ async def publish_fast(js: JetStream, count: int, payload: bytes = b"", start: i
 # -- heartbeats -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 @pytest.mark.parametrize("factor", [3.0, 6.0])
 async def test_heartbeat_alarm_after_factor_intervals_of_silence(js, factor):
     # Not the server's minimum (0.1 s): at 3 x 0.1 a stall of 0.2 s on a loaded machine

@@ -7,11 +7,13 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "shared_csv_sink.py"
 
 
+@pytest.mark.slow  # a few seconds of timers: the full suite runs it
 async def test_the_example_runs() -> None:
     with trio.fail_after(60):
         done = await trio.run_process(

@@ -69,6 +69,7 @@ async def test_orders_example_writes_orders_and_drops_the_rest(
     assert pipe.node("lake").sink_obj is not lake  # the pipeline's own sink is back
 
 
+@pytest.mark.slow  # the example's own nak delays: two redeliveries take 3 s
 async def test_orders_example_dead_letters_what_it_cannot_decode(
     mode: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

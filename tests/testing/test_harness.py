@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from headrace.pipeline import Batch, JetStreamSource, Pipeline, Record, SinkRetry
+from headrace.pipeline import Batch, BatchPolicy, JetStreamSource, Pipeline, Record, SinkRetry
 from headrace.sinks import MemorySink, RecordsRejected
 from headrace.testing import HarnessError, NotInMemory, TestMessage, run_pipeline
 
 FAST_RETRY = SinkRetry(backoff=0.01, backoff_max=0.05)
+#: Batches cut 50 ms after their first record instead of the default second: every test waits
+#: for a whole pipeline to settle, in both modes.
+QUICK = BatchPolicy(max_age=0.05)
 
 
 @pytest.fixture(params=[False, True], ids=["memory", "real"])
@@ -50,7 +53,7 @@ async def test_map_filter_sink_commits_each_record_once_and_acks_it(
         pipe.source(source(), name="orders")
         .map(json.loads)
         .filter(lambda o: o["qty"] > 1)
-        .sink(lake, name="lake")
+        .sink(lake, name="lake", batch=QUICK)
     )
     fed = orders({"id": 1, "qty": 2}, {"id": 2, "qty": 1}, {"id": 3, "qty": 5})
     async with run_pipeline(pipe, fed, **mode) as run:
@@ -96,7 +99,9 @@ def picky_pipeline(dead_letter: str | None) -> Pipeline:
         allow_termination=dead_letter is None,
         sink_retry=FAST_RETRY,
     )
-    pipe.source(source(), name="orders").map(json.loads).sink(PickySink(), name="picky")
+    pipe.source(source(), name="orders").map(json.loads).sink(
+        PickySink(), name="picky", batch=QUICK
+    )
     return pipe
 
 
@@ -139,7 +144,7 @@ class Outage(ConnectionError):
 async def test_a_transient_sink_failure_is_retried_in_place(mode: dict[str, Any]) -> None:
     pipe = Pipeline("outage", sink_retry=FAST_RETRY)
     sink = MemorySink(fail_times=3, fail_with=Outage)
-    pipe.source(source(), name="orders").sink(sink, name="lake")
+    pipe.source(source(), name="orders").sink(sink, name="lake", batch=QUICK)
     fed = orders({"id": 1}, {"id": 2})
     async with run_pipeline(pipe, fed, **mode) as run:
         await run.settled()
@@ -161,7 +166,7 @@ async def test_a_naked_message_is_redelivered_and_then_committed(mode: dict[str,
         return value
 
     lake = MemorySink()
-    pipe.source(source(), name="orders").map(first_time_fails, record=True).sink(lake)
+    pipe.source(source(), name="orders").map(first_time_fails, record=True).sink(lake, batch=QUICK)
     fed = orders({"id": 1}, {"id": 2})
     async with run_pipeline(pipe, fed, **mode) as run:
         await run.settled()
@@ -178,7 +183,9 @@ async def test_a_poison_message_is_dead_lettered_after_max_deliveries(
     mode: dict[str, Any],
 ) -> None:
     pipe = Pipeline("poison", dead_letter="dead.orders", nak_delay=0.02, max_deliveries=3)
-    pipe.source(source(), name="orders").map(json.loads).sink(MemorySink(), name="lake")
+    pipe.source(source(), name="orders").map(json.loads).sink(
+        MemorySink(), name="lake", batch=QUICK
+    )
     fed = orders({"id": 1}, "not json")
     async with run_pipeline(pipe, fed, **mode) as run:
         await run.settled()
@@ -191,7 +198,7 @@ async def test_a_poison_message_is_dead_lettered_after_max_deliveries(
 
 async def test_messages_fed_while_running_are_settled_too(mode: dict[str, Any]) -> None:
     pipe = Pipeline("feed")
-    pipe.source(source(), name="orders").sink(MemorySink(), name="lake")
+    pipe.source(source(), name="orders").sink(MemorySink(), name="lake", batch=QUICK)
     async with run_pipeline(pipe, orders({"id": 1}), **mode) as run:
         await run.settled()
         seqs = await run.feed(TestMessage("orders.us", b"2"), TestMessage("orders.eu", b"3"))
@@ -209,7 +216,7 @@ async def test_settled_names_what_is_still_open(mode: dict[str, Any]) -> None:
             await gate.wait()
 
     pipe = Pipeline("stuck", drain_timeout=5)
-    pipe.source(source(), name="orders").sink(Stuck(), name="stuck")
+    pipe.source(source(), name="orders").sink(Stuck(), name="stuck", batch=QUICK)
     async with run_pipeline(pipe, orders({"id": 1}), **mode) as run:
         with pytest.raises(trio.TooSlowError) as caught:
             await run.settled(timeout=0.3)
@@ -222,7 +229,7 @@ async def test_a_message_no_stream_stores_is_a_clear_error() -> None:
     pipe = Pipeline("two")
     a = pipe.source(JetStreamSource(stream="A", filter_subjects="a.>"), name="a")
     b = pipe.source(JetStreamSource(stream="B"), name="b")
-    pipe.merge(a, b).sink(MemorySink(), name="out")
+    pipe.merge(a, b).sink(MemorySink(), name="out", batch=QUICK)
     with pytest.raises(HarnessError, match=r"which stream stores a message on 'a\.x'"):
         async with run_pipeline(pipe, [TestMessage("a.x", b"1")]):
             pass  # pragma: no cover
@@ -241,7 +248,7 @@ async def test_a_sink_using_the_jetstream_api_is_told_to_use_a_server() -> None:
             raise AssertionError("not reached")
 
     pipe = Pipeline("needy")
-    pipe.source(source(), name="orders").sink(Needy(), name="needy")
+    pipe.source(source(), name="orders").sink(Needy(), name="needy", batch=QUICK)
     with pytest.raises(NotInMemory, match=r"'stream_info'.*real=True"):
         async with run_pipeline(pipe, orders({"id": 1})):
             await trio.sleep_forever()
@@ -253,7 +260,9 @@ async def test_in_memory_the_nak_backoff_runs_on_the_autojump_clock(
     """No I/O in memory: trio's autojump clock passes the pipeline's own delays at once, and
     they are the pipeline's (1 s doubling), then the poison message's +TERM."""
     pipe = Pipeline("backoff", max_deliveries=5, allow_termination=True)
-    pipe.source(source(), name="orders").map(json.loads).sink(MemorySink(), name="lake")
+    pipe.source(source(), name="orders").map(json.loads).sink(
+        MemorySink(), name="lake", batch=QUICK
+    )
     async with run_pipeline(pipe, orders("not json")) as run:
         started = trio.current_time()
         await run.settled(timeout=60)
@@ -264,7 +273,7 @@ async def test_in_memory_the_nak_backoff_runs_on_the_autojump_clock(
 
 async def test_real_without_a_url_runs_a_local_server_of_its_own() -> None:
     pipe = Pipeline("local")
-    pipe.source(source(), name="orders").sink(MemorySink(), name="lake")
+    pipe.source(source(), name="orders").sink(MemorySink(), name="lake", batch=QUICK)
     async with run_pipeline(pipe, orders({"id": 1}), real=True) as run:
         await run.settled()
         url = run.run.nc.connected_server
@@ -284,7 +293,9 @@ class RejectingSink:
 
 async def test_records_a_sink_rejects_are_not_counted_as_committed(mode: dict[str, Any]) -> None:
     pipe = Pipeline("rejecting", dead_letter="dead.orders", max_deliveries=2, nak_delay=0.02)
-    pipe.source(source(), name="orders").map(json.loads).sink(RejectingSink(), name="out")
+    pipe.source(source(), name="orders").map(json.loads).sink(
+        RejectingSink(), name="out", batch=QUICK
+    )
     fed = orders({"id": 1, "qty": 1}, {"id": 2}, {"id": 3, "qty": 3})
     async with run_pipeline(pipe, fed, **mode) as run:
         await run.settled()
@@ -312,7 +323,9 @@ async def test_push_and_ephemeral_sources(mode: dict[str, Any], spec: JetStreamS
             raise RuntimeError("first delivery")
         return record.value  # type: ignore[no-any-return]
 
-    pipe.source(spec, name="orders").map(once_failing, record=True).sink(MemorySink(), name="out")
+    pipe.source(spec, name="orders").map(once_failing, record=True).sink(
+        MemorySink(), name="out", batch=QUICK
+    )
     async with run_pipeline(pipe, orders({"id": 1}, {"id": 2}), **mode) as run:
         await run.settled()
         [source_stage] = run.run.sources
