@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 import trio
 from nats.aio.client import Client
@@ -462,7 +463,12 @@ def test_cluster_routing_and_connect_urls(nats_cluster: NatsCluster) -> None:
                         "r3.x", b"replicated", headers={"Nats-Msg-Id": "r3-first"}
                     )
                     break
-                except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                # nats-py's JetStream publish says "no responders" as NoStreamResponseError.
+                except (
+                    nats.errors.NoRespondersError,
+                    nats.errors.TimeoutError,
+                    nats.js.errors.NoStreamResponseError,
+                ):
                     await asyncio.sleep(0.05)  # retry pacing, not a wait
             assert ack.seq == 1
             info = await nc0.jetstream().stream_info("R3")
