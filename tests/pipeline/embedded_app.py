@@ -37,7 +37,10 @@ runs: list[PipelineRun] = []
 
 
 def say(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    # One write with its newline: print() writes the text and the newline apart, and an
+    # interrupt landing between them (CI saw it) glued the next event onto this line.
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
 
 
 def interrupt_at(value: Any) -> Any:
