@@ -594,7 +594,7 @@ def _with_server_cpu(pid: int | None, measure: Callable[[], dict[str, Any]]) -> 
     if msgs and "error" not in result:
         for key in ("client_cpu_s", "server_cpu_s"):
             if key in result:
-                result[key.replace("_s", "_s_per_100k")] = round(result[key] * 100_000 / msgs, 3)
+                result[f"{key}_per_100k"] = round(result[key] * 100_000 / msgs, 3)
     return result
 
 

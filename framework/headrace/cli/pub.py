@@ -40,6 +40,7 @@ from headrace.cli.session import (
     EXIT_USAGE,
     UsageError,
     one_line,
+    positive_int,
     print_json,
     run_with_jetstream,
     say,
@@ -58,16 +59,6 @@ def _header(text: str) -> tuple[str, str]:
     if not sep or not name.strip():
         raise argparse.ArgumentTypeError(f"{text!r}: a header is NAME:VALUE")
     return name.strip(), value.strip()
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
-    return value
 
 
 def _rate(text: str) -> float:
@@ -117,7 +108,7 @@ def add_parser(commands: Any) -> None:
         help="Nats-Msg-Id of each message, for the stream's de-duplication ({n}: its number)",
     )
     parser.add_argument(
-        "--count", type=_count, default=1, metavar="N", help="publish it all N times (1)"
+        "--count", type=positive_int, default=1, metavar="N", help="publish it all N times (1)"
     )
     parser.add_argument(
         "--rate", type=_rate, metavar="R", help="at most R messages a second (default: no limit)"

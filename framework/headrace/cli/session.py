@@ -45,6 +45,17 @@ class UsageError(HeadraceError, ValueError):
     """Options that cannot go together, found after argparse: exit status 2."""
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (counts, limits, replicas)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return value
+
+
 def say(prog: str, message: str) -> None:
     """``prog: message`` on standard error, as one line."""
     print(f"{prog}: {' '.join(message.split())}", file=sys.stderr, flush=True)

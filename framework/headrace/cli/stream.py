@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from headrace.cli.options import add_connection_arguments
-from headrace.cli.session import ToolError, print_json, run_with_jetstream
+from headrace.cli.session import ToolError, positive_int, print_json, run_with_jetstream
 from headrace.jetstream import JetStream, StreamNotFound
 from headrace.jetstream.codec import to_json
 from headrace.jetstream.errors import StreamAlreadyExists
@@ -58,16 +58,6 @@ def duration(text: str) -> float:
     if seconds < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a duration cannot be negative")
     return seconds
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
-    return value
 
 
 def add_parser(commands: Any) -> None:
@@ -112,10 +102,10 @@ def add_parser(commands: Any) -> None:
         help="file (default) or memory",
     )
     add.add_argument(
-        "--replicas", type=_positive_int, default=1, metavar="N", help="copies (default 1)"
+        "--replicas", type=positive_int, default=1, metavar="N", help="copies (default 1)"
     )
-    add.add_argument("--max-msgs", type=_positive_int, metavar="N", help="at most N messages")
-    add.add_argument("--max-bytes", type=_positive_int, metavar="N", help="at most N bytes")
+    add.add_argument("--max-msgs", type=positive_int, metavar="N", help="at most N messages")
+    add.add_argument("--max-bytes", type=positive_int, metavar="N", help="at most N bytes")
     add.add_argument("--max-age", type=duration, metavar="DURATION", help="drop older messages")
     add.add_argument(
         "--discard",
