@@ -34,6 +34,7 @@ from headrace_bench.consume import (
     _peak_rss_mb,
     _run_child,
     _settled_problems,
+    _with_server_cpu,
 )
 
 IMPLS = ("headrace-pipeline", "nats-py")
@@ -81,10 +82,12 @@ async def _run_headrace(url: str, n: int, buffer: int) -> dict[str, Any]:
     pipe.source(source).map(transform).sink(sink, batch=BatchPolicy(max_messages=BATCH))
     async with connect(url) as nc:
         started = time.perf_counter()
+        cpu_started = time.process_time()
         async with pipe.running(nc) as run:
             with trio.move_on_after(120):
                 await sink.done.wait()
         elapsed = time.perf_counter() - started  # the drain's last acks are flushed
+        cpu = time.process_time() - cpu_started
         js = JetStream(nc)
         problems = [] if sink.count == n else [f"committed {sink.count} records, not {n}"]
         server = await _settled_problems(
@@ -98,6 +101,7 @@ async def _run_headrace(url: str, n: int, buffer: int) -> dict[str, Any]:
         acks=stats.acks,
         buffer=buffer,
         batch=BATCH,
+        client_cpu_s=round(cpu, 3),
         peak_rss_mb=_peak_rss_mb(),
     )
     return result
@@ -118,6 +122,7 @@ async def _run_natspy(url: str, n: int) -> dict[str, Any]:
     kept: list[bytes] = []
     got = 0
     started = time.perf_counter()
+    cpu_started = time.process_time()
     while got < n:
         try:
             batch = await sub.fetch(NATSPY_FETCH, timeout=5)
@@ -130,12 +135,13 @@ async def _run_natspy(url: str, n: int) -> dict[str, Any]:
         got += len(batch)
     await nc.flush(30)
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     problems = [] if got == n else [f"processed {got} messages, not {n}"]
     server = await _settled_problems(n, True, lambda: js.consumer_info(STREAM, name), asyncio.sleep)
     await js.delete_consumer(STREAM, name)
     await nc.close()
     result = _result("nats-py", n, got, elapsed, problems + server)
-    result.update(fetch=NATSPY_FETCH, peak_rss_mb=_peak_rss_mb())
+    result.update(fetch=NATSPY_FETCH, client_cpu_s=round(cpu, 3), peak_rss_mb=_peak_rss_mb())
     return result
 
 
@@ -164,12 +170,19 @@ def run(
             raise BenchmarkError(f"loading the stream failed: {_failure(loader)}")
         for impl in IMPLS:
             cmd = [*_ME, "child", "--impl", impl, "--url", url, "--buffer", str(buffer), *sizes]
-            child = _run_child(cmd)
-            result = _last_json(child)
-            if child.returncode != 0 or result is None:
-                result = {"impl": impl, "ack": True, "msgs": 0, "error": _failure(child)}
-            elif child.peak_rss_mb is not None:
-                result["peak_rss_mb"] = max(result.get("peak_rss_mb") or 0, child.peak_rss_mb)
+
+            def measure(cmd: list[str] = cmd, impl: str = impl) -> dict[str, Any]:
+                child = _run_child(cmd)
+                result = _last_json(child)
+                if child.returncode != 0 or result is None:
+                    return {"impl": impl, "ack": True, "msgs": 0, "error": _failure(child)}
+                if child.peak_rss_mb is not None:
+                    result["peak_rss_mb"] = max(result.get("peak_rss_mb") or 0, child.peak_rss_mb)
+                return result
+
+            # nats-server's CPU over the child's whole life (its start-up and the final checks
+            # included, a few ms): with the client's, where the time goes.
+            result = _with_server_cpu(server.pid, measure)
             result["payload"] = payload
             results.append(result)
     ours = next((r for r in results if r["impl"] == "headrace-pipeline"), None)
@@ -183,6 +196,11 @@ def run(
             print(f"{r['impl']:>18}: FAILED: {r['error']}")
         else:
             ratio = f"  vs nats-py {r['ratio_vs_nats-py']}x" if "ratio_vs_nats-py" in r else ""
+            if "client_cpu_s_per_100k" in r and "server_cpu_s_per_100k" in r:
+                ratio += (
+                    f"  CPU s/100k: client {r['client_cpu_s_per_100k']:.2f}"
+                    f" server {r['server_cpu_s_per_100k']:.2f}"
+                )
             print(
                 f"{r['impl']:>18}: {r['msg_per_s']:>9,} msg/s  {r['msgs']:,} msgs acked after "
                 f"commit  peak RSS {r.get('peak_rss_mb')} MB{ratio}"
