@@ -57,6 +57,7 @@ from headrace.pipeline.gc_tuning import tune_gc
 
 from headrace_bench.consume import (
     BenchmarkError,
+    _cpu_seconds,
     _failure,
     _last_json,
     _peak_rss_mb,
@@ -336,6 +337,7 @@ async def _run_headrace(
     failed: list[str] = []
     async with connect(url) as nc:
         started = time.perf_counter()
+        cpu = _CpuClock()
         async with pipe.running(nc) as run:
             give_up = trio.current_time() + CHILD_TIMEOUT / 2
             while not done.is_set():
@@ -348,6 +350,7 @@ async def _run_headrace(
                 with trio.move_on_after(0.1):
                     await done.wait()
         elapsed = time.perf_counter() - started  # the drain flushed the last acks
+        spent = cpu.spent()
         stats = run.stats
         python_rss, jvm_rss = _peak_rss_mb(), _jvm_peak_rss_mb()
         js = JetStream(nc)
@@ -369,6 +372,7 @@ async def _run_headrace(
         "buffer": buffer,
         "peak_rss_mb": python_rss,
         "jvm_peak_rss_mb": jvm_rss,
+        **spent,
     }
 
 
@@ -426,6 +430,7 @@ async def _run_naive(url: str, n: int, batch: int, spark: Any, out: Path) -> dic
         pending.clear()
 
     started = time.perf_counter()
+    cpu = _CpuClock()
     while got < n:
         t0 = time.perf_counter()
         try:
@@ -442,6 +447,7 @@ async def _run_naive(url: str, n: int, batch: int, spark: Any, out: Path) -> dic
         await flush_batch()
     await nc.flush(30)
     elapsed = time.perf_counter() - started
+    spent = cpu.spent()
     python_rss, jvm_rss = _peak_rss_mb(), _jvm_peak_rss_mb()
     server = await _settled_problems(
         n, True, lambda: js.consumer_info(STREAM, name), asyncio.sleep, SETTLE
@@ -463,10 +469,28 @@ async def _run_naive(url: str, n: int, batch: int, spark: Any, out: Path) -> dic
         "fetch": NAIVE_FETCH,
         "peak_rss_mb": python_rss,
         "jvm_peak_rss_mb": jvm_rss,
+        **spent,
     }
 
 
 _JVM: list[int | None] = [None]
+
+
+class _CpuClock:
+    """CPU seconds of this Python process (all its threads) and of its JVM while the clock
+    runs: with nats-server's (measured by the parent), where each run's time goes."""
+
+    def __init__(self) -> None:
+        self._python = time.process_time()
+        pid = _JVM[0]
+        self._jvm = _cpu_seconds(pid) if pid is not None else None
+
+    def spent(self) -> dict[str, float]:
+        spent = {"python_cpu_s": round(time.process_time() - self._python, 3)}
+        pid = _JVM[0]
+        if pid is not None and self._jvm is not None:
+            spent["jvm_cpu_s"] = round(_cpu_seconds(pid) - self._jvm, 3)
+        return spent
 
 
 def _jvm_peak_rss_mb() -> float | None:
@@ -533,6 +557,9 @@ def _finish(
         result["seconds"] = round(seconds, 3)
         result["msg_per_s"] = round(n / seconds) if seconds > 0 else 0
         result["mb_per_s"] = round(payload_bytes / seconds / 1e6, 2) if seconds > 0 else 0
+        for key in ("python_cpu_s", "jvm_cpu_s", "server_cpu_s"):
+            if key in raw:
+                result[f"{key}_per_100k"] = round(raw[key] * 100_000 / n, 3)
     result["batch"] = batch
     result["spark_master"] = master
     result.update(raw)
@@ -555,6 +582,18 @@ def _print_table(results: list[dict[str, Any]], load: dict[str, Any]) -> None:
             f"{r.get('peak_rss_mb')} MB, JVM {r.get('jvm_peak_rss_mb')} MB  "
             f"(session {r['session_s']:.1f} s, warm-up {r['warmup_s']:.1f} s)  verified"
         )
+        cpu = [
+            (name, r[f"{name}_cpu_s_per_100k"])
+            for name in ("python", "jvm", "server")
+            if f"{name}_cpu_s_per_100k" in r
+        ]
+        if cpu:
+            parts = ", ".join(f"{name} {v:.2f}" for name, v in cpu)
+            wall = 100_000 / r["msg_per_s"] if r["msg_per_s"] else 0.0
+            print(
+                f"{'':>18}  CPU s/100k: {parts}; sum {sum(v for _, v in cpu):.2f} in "
+                f"{wall:.2f} s of wall"
+            )
     for ours in results:
         if ours["impl"] in WRITER_OF and ours.get("msg_per_s"):
             line = (
@@ -589,8 +628,13 @@ def run(
             cmd = [*_ME, "child", "--impl", impl, "--url", server.url, "--work", work]
             cmd += ["--messages", str(messages), "--batch", str(batch)]
             cmd += ["--buffer", str(buffer), "--spark-master", spark_master]
+            # nats-server's CPU over the child's life: its session start, warm-up and read-back
+            # need none to speak of (heartbeats), so nearly all of it is the measured run's.
+            server_cpu = _cpu_seconds(server.pid) if server.pid is not None else None
             child = _run_child(cmd, timeout=CHILD_TIMEOUT)
             raw = _last_json(child)
+            if raw is not None and server_cpu is not None and server.pid is not None:
+                raw["server_cpu_s"] = round(_cpu_seconds(server.pid) - server_cpu, 3)
             if child.returncode != 0 or raw is None:
                 failed: dict[str, Any] = {"bench": "e2e", "impl": impl, "ack": True, "msgs": 0}
                 failed.update(expected=messages, verified=False, error=_failure(child))

@@ -3,6 +3,7 @@ anything starts (no servers, no Spark)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -89,3 +90,22 @@ def test_the_old_import_path_warns_and_still_works() -> None:
     warning, same = done.stdout.splitlines()
     assert "headrace.benchmarks moved to headrace_bench" in warning
     assert same == "True"
+
+
+@pytest.mark.slow
+def test_bench_pipeline_runs_and_says_where_the_time_went() -> None:
+    """A small real run: both implementations verified, with each process's CPU per 100k."""
+    done = subprocess.run(
+        [HEADRACE, "bench", "pipeline", "--messages", "3000", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert {line["impl"] for line in lines} == {"headrace-pipeline", "nats-py"}, done.stdout
+    for line in lines:
+        assert "error" not in line, line
+        assert line["msgs"] == line["expected"] == 3000
+        assert line["client_cpu_s_per_100k"] > 0 and line["server_cpu_s_per_100k"] > 0, line

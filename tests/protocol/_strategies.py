@@ -18,7 +18,15 @@ from typing import Any
 
 from headrace.errors import MalformedHeaderWarning, ProtocolError
 from headrace.protocol import Err, Headers, Info, Msg, Ok, Ping, Pong, ProtocolParser
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+
+#: Settings of the parser's property tests (the heavy ones run in the slow set).
+PROPERTY = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+HEAVY = settings(PROPERTY, max_examples=20_000)
 
 # -- normalised events ------------------------------------------------------------------------
 

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 from headrace.errors import ControlLineTooLong, MalformedHeaderWarning, ProtocolError
 from headrace.protocol import Err, Headers, Info, Msg, Ok, Ping, Pong, ProtocolParser, ServerInfo
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ._strategies import (
+    HEAVY,
+    PROPERTY,
     describe,
     describe_all,
     draw_pieces,
@@ -25,12 +27,6 @@ from ._strategies import (
     rich_frame_lists,
     rich_frames,
 )
-
-PROPERTY = settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-HEAVY = settings(PROPERTY, max_examples=20_000)
 
 
 def parse(data: bytes, **kwargs: Any) -> list[Any]:

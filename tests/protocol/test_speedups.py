@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 from headrace.protocol import Msg, ProtocolParser
 from headrace.protocol import parser as parser_module
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ._strategies import (
+    HEAVY,
+    PROPERTY,
     FeedResult,
     describe,
     draw_pieces,
@@ -32,12 +34,6 @@ from ._strategies import (
 pytestmark = pytest.mark.skipif(
     parser_module._scan_messages is None, reason="the C fast path is not built (no compiler?)"
 )
-
-PROPERTY = settings(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-HEAVY = settings(PROPERTY, max_examples=20_000)
 
 
 def value(event: object) -> object:

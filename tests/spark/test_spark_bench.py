@@ -32,5 +32,8 @@ def test_bench_e2e_small_run_verifies_each() -> None:
         assert line["rows"] == line["distinct_stream_seq"] == line["expected"] == 2000
         assert line["msg_per_s"] > 0
         assert line["peak_rss_mb"] > 0
+        # where the time went, process by process (the Python process always uses some)
+        assert line["python_cpu_s_per_100k"] > 0, line
+        assert {"jvm_cpu_s_per_100k", "server_cpu_s_per_100k"} <= set(line), line
     assert by_impl["headrace-e2e"]["ratio_vs_naive"] > 0
     assert by_impl["headrace-e2e-arrow"]["ratio_vs_naive"] > 0
