@@ -195,10 +195,12 @@ def _naive_schema() -> Any:
 
 
 def _warm_up(spark: Any, where: Path, rows: int = WARMUP_ROWS) -> float:
-    """The same few small writes in every process, through the Arrow path (the Spark sink's)
-    and the Row path (the naive loop's), so that neither pays the JVM's first-use costs."""
+    """The same few small writes in every process, through the Spark sink's two paths (a table
+    from Arrow batches, and from a parquet file Arrow staged) and the Row path (the naive
+    loop's), so that none pays the JVM's first-use costs."""
     import pyarrow as pa
     from headrace_spark.schema import HEADERS_TYPE, METADATA_SCHEMA
+    from headrace_spark.staged_input import staged_frame
     from pyspark.sql import Row
 
     started = time.perf_counter()
@@ -221,6 +223,8 @@ def _warm_up(spark: Any, where: Path, rows: int = WARMUP_ROWS) -> float:
             schema=METADATA_SCHEMA,
         )
         spark.createDataFrame(table).coalesce(1).write.parquet(str(where / f"arrow-{r}"))
+        with staged_frame(spark, table, where, f"input-{r}") as staged:
+            staged.write.parquet(str(where / f"staged-{r}"))
         py_rows = [
             Row(
                 subject="orders.eu",

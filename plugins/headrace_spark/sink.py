@@ -34,6 +34,7 @@ An output is written in one mode for its whole life; the other is refused with a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -66,7 +67,8 @@ from headrace_spark.ledger import FOLD_AFTER, CommitLedger
 from headrace_spark.metadata import BatchMetadata, once_per_message
 from headrace_spark.output import OutputDir, claim_output, name_staged, new_token
 from headrace_spark.schema import TableBuilder
-from headrace_spark.session import JobTags, empty_frame, first_line, start_session
+from headrace_spark.session import JobTags, empty_frame, first_line, is_connect, start_session
+from headrace_spark.staged_input import remove_stale_inputs, stageable, staged_frame
 from headrace_spark.targets import ParquetTarget, TableTarget
 
 if TYPE_CHECKING:
@@ -571,24 +573,38 @@ class SparkSink:
         assert self._tags is not None
         self._tags.start(tag)
         try:
-            df = self.spark.createDataFrame(table)
-            if self.transform is not None:
-                df = self.transform(df)
-            if self.files_per_batch is not None:
-                df = df.coalesce(self.files_per_batch)
-            # "error" (= errorifexists), the one spelling Spark Connect accepts too
-            writer = df.write.format("parquet").mode("error")
-            for column in self.builder.unique_columns:
-                # A dictionary of values that never repeat: building it until parquet gives
-                # up on it cost the JVM ~0.1 CPU-s per 100k rows (sequences and timestamp
-                # together) and made the files larger, not smaller. Measured. A column the
-                # transform dropped is simply not there to look up.
-                writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
-            if self.target.partition_by:
-                writer = writer.partitionBy(*self.target.partition_by)
-            writer.save(str(staging))
+            with contextlib.ExitStack() as inputs:
+                df = self._frame(table, staging, inputs)
+                self._spark_save(df, staging)
         finally:
             self._tags.end(tag)
+
+    def _frame(self, table: pa.Table, staging: Path, inputs: contextlib.ExitStack) -> Any:
+        """The batch's DataFrame: read from a parquet file Arrow staged where that is the same
+        DataFrame and cheaper for the JVM (staged_input.py), else ``createDataFrame``."""
+        if not is_connect(self.spark) and stageable(table.schema):
+            # staging is <output>/_headrace/staging/<attempt>, in both commit modes
+            control = staging.parent.parent
+            remove_stale_inputs(control, self.stale_after)
+            return inputs.enter_context(staged_frame(self.spark, table, control, staging.name))
+        return self.spark.createDataFrame(table)
+
+    def _spark_save(self, df: Any, staging: Path) -> None:
+        if self.transform is not None:
+            df = self.transform(df)
+        if self.files_per_batch is not None:
+            df = df.coalesce(self.files_per_batch)
+        # "error" (= errorifexists), the one spelling Spark Connect accepts too
+        writer = df.write.format("parquet").mode("error")
+        for column in self.builder.unique_columns:
+            # A dictionary of values that never repeat: building it until parquet gives
+            # up on it cost the JVM ~0.1 CPU-s per 100k rows (sequences and timestamp
+            # together) and made the files larger, not smaller. Measured. A column the
+            # transform dropped is simply not there to look up.
+            writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+        if self.target.partition_by:
+            writer = writer.partitionBy(*self.target.partition_by)
+        writer.save(str(staging))
 
     def _write_error(self, exc: Exception, tag: str, key: str) -> SparkSinkError:
         if isinstance(exc, SparkSinkError):
