@@ -21,6 +21,7 @@ from headrace.jetstream import (
     ConsumerInfo,
     DeliverPolicy,
     DiscardPolicy,
+    PriorityPolicy,
     PubAck,
     ReplayPolicy,
     RetentionPolicy,
@@ -383,6 +384,7 @@ def test_consumer_info_from_server_shape() -> None:
             "max_ack_pending": 1000,
             "num_replicas": 0,
             "priority_policy": "none",
+            "future_setting": 1,
         },
         "delivered": {"consumer_seq": 7, "stream_seq": 9, "last_active": "2024-06-01T10:01:00Z"},
         "ack_floor": {"consumer_seq": 5, "stream_seq": 6},
@@ -396,7 +398,8 @@ def test_consumer_info_from_server_shape() -> None:
     assert info.config.ack_wait == 30.0
     assert info.config.backoff == [1.0, 5.0]
     assert info.config.ack_policy is AckPolicy.EXPLICIT
-    assert info.config.extra == {"priority_policy": "none"}
+    assert info.config.priority_policy is PriorityPolicy.NONE  # ADR-42, 2.11+
+    assert info.config.extra == {"future_setting": 1}
     assert info.extra == {"type": "io.nats.jetstream.api.v1.consumer_info_response"}
     assert info.delivered.stream_seq == 9
     assert info.delivered.last_active == dt.datetime(2024, 6, 1, 10, 1, tzinfo=UTC)
@@ -429,19 +432,17 @@ def test_extra_preserved_at_every_level() -> None:
     raw = {
         "name": "S",
         "subjects": ["s.>"],
-        "consumer_limits": {"inactive_threshold": 5_000_000_000, "max_ack_pending": 10},
-        "allow_atomic": True,
-        "placement": {"cluster": "c1", "preferred": "n2"},
-        "sources": [{"name": "A", "subject_transforms": [{"src": "a.>", "dest": "b.>"}]}],
+        "consumer_limits": {"max_ack_pending": 10, "future_limit": 1},
+        "future_setting": True,
+        "placement": {"cluster": "c1", "future_placement": "n2"},
+        "sources": [{"name": "A", "subject_transforms": [{"src": "a.>", "dest": "b.>", "f": 2}]}],
     }
     cfg = from_json(StreamConfig, raw)
-    assert cfg.extra == {
-        "consumer_limits": {"inactive_threshold": 5_000_000_000, "max_ack_pending": 10},
-        "allow_atomic": True,
-    }
-    assert cfg.placement is not None and cfg.placement.extra == {"preferred": "n2"}
-    assert cfg.sources is not None
-    assert cfg.sources[0].extra == {"subject_transforms": [{"src": "a.>", "dest": "b.>"}]}
+    assert cfg.extra == {"future_setting": True}
+    assert cfg.consumer_limits is not None and cfg.consumer_limits.extra == {"future_limit": 1}
+    assert cfg.placement is not None and cfg.placement.extra == {"future_placement": "n2"}
+    assert cfg.sources is not None and cfg.sources[0].subject_transforms is not None
+    assert cfg.sources[0].subject_transforms[0].extra == {"f": 2}
     # An update built from what was read sends every unknown field back, untouched.
     cfg.description = "changed"
     out = to_json(cfg)

@@ -31,6 +31,7 @@ from headrace.jetstream import (
     StorageType,
     StreamAlreadyExists,
     StreamConfig,
+    StreamConsumerLimits,
     StreamInfo,
     StreamLookupError,
     StreamNotFound,
@@ -115,8 +116,9 @@ async def test_stream_add_info_update_delete(nats_server):
 
 
 async def test_unknown_config_fields_survive_an_update(nats_server):
-    """``consumer_limits`` is not a StreamConfig field: it travels in ``extra`` and an update
-    built from a read configuration must send it back, or the server would reset it."""
+    """An update built from a read configuration sends every field back (``consumer_limits``
+    here, which travelled in ``extra`` before it was typed), or the server would reset it.
+    Keys no model declares are kept the same way (test_js_codec)."""
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)
         created = await js.add_stream(
@@ -124,15 +126,15 @@ async def test_unknown_config_fields_survive_an_update(nats_server):
                 name="LIM",
                 subjects=["lim.>"],
                 storage=MEM,
-                extra={"consumer_limits": {"max_ack_pending": 50}},
+                consumer_limits=StreamConsumerLimits(max_ack_pending=50),
             )
         )
-        assert created.config.extra["consumer_limits"]["max_ack_pending"] == 50
+        assert created.config.consumer_limits == StreamConsumerLimits(max_ack_pending=50)
         cfg = (await js.stream_info("LIM")).config
         cfg.description = "touched"
         updated = await js.update_stream(cfg)
         assert updated.config.description == "touched"
-        assert updated.config.extra["consumer_limits"]["max_ack_pending"] == 50
+        assert updated.config.consumer_limits == StreamConsumerLimits(max_ack_pending=50)
         # The limit is in force: a consumer gets it as its default.
         ci = await js.create_consumer("LIM", ConsumerConfig(durable_name="c"))
         assert ci.config.max_ack_pending == 50

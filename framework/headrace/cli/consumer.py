@@ -1,23 +1,40 @@
-"""``headrace consumer ls|info``: a stream's consumers, and where each one is.
+"""``headrace consumer ls|info|pause|resume``: a stream's consumers, where each one is, and
+stopping one's deliveries for a while.
 
     headrace consumer ls STREAM [--json]
     headrace consumer info STREAM NAME [--json]
+    headrace consumer pause STREAM NAME [--until TIME | --for DURATION] [--json]
+    headrace consumer resume STREAM NAME [--json]
 
 A pipeline's sources are durable consumers; these show how far each got (delivered, acked),
 what it still has to read (pending) and what waits for an ack or a redelivery, without a
 second tool. ``--json`` prints the JetStream API's JSON (durations in nanoseconds).
+
+``pause`` (nats-server 2.11+) stops the server delivering to every client of the consumer, such
+as every worker of a pipeline, until ``--until`` (an ISO 8601 / RFC 3339 time with a timezone),
+for ``--for`` (seconds, or ``30s``, ``1h30m``), or without either until ``resume``. The workers
+keep running and lose nothing; they wait.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+from collections.abc import Awaitable
 from typing import Any
 
 from headrace.cli.options import add_connection_arguments
 from headrace.cli.session import ToolError, print_json, run_with_jetstream
-from headrace.cli.stream import table
-from headrace.jetstream import ConsumerInfo, ConsumerNotFound, JetStream, StreamNotFound
-from headrace.jetstream.codec import to_json
+from headrace.cli.stream import duration, table
+from headrace.jetstream import (
+    ConsumerInfo,
+    ConsumerNotFound,
+    ConsumerPause,
+    JetStream,
+    StreamNotFound,
+)
+from headrace.jetstream.codec import format_time, to_json
+from headrace.jetstream.pause import INDEFINITELY
 
 PROG = "headrace consumer"
 
@@ -25,11 +42,12 @@ PROG = "headrace consumer"
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "consumer",
-        help="list a stream's consumers, or show one",
+        help="list a stream's consumers, show one, pause or resume one",
         description=(
             "List the consumers of STREAM (ls) or show one (info): its configuration, how far "
-            "it delivered and acked, what is pending. Exit codes: 0 done, 1 failed (no server, "
-            "a stream or consumer that does not exist), 2 usage error."
+            "it delivered and acked, what is pending; pause or resume one's deliveries "
+            "(nats-server 2.11+). Exit codes: 0 done, 1 failed (no server, a stream or "
+            "consumer that does not exist), 2 usage error."
         ),
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -42,8 +60,51 @@ def add_parser(commands: Any) -> None:
     info.add_argument("name", metavar="NAME")
     info.add_argument("--json", action="store_true", help="the JetStream API's JSON")
     info.set_defaults(func=info_command)
-    for sub in (ls, info):
+    pause = actions.add_parser(
+        "pause",
+        help="stop delivering to every client of a consumer, for a while or until resumed",
+    )
+    pause.add_argument("stream", metavar="STREAM")
+    pause.add_argument("name", metavar="NAME")
+    when = pause.add_mutually_exclusive_group()
+    when.add_argument(
+        "--until",
+        type=pause_time,
+        metavar="TIME",
+        help="when deliveries start again: ISO 8601 with a timezone (2026-01-31T12:00:00Z)",
+    )
+    when.add_argument(
+        "--for",
+        dest="for_",
+        type=duration,
+        metavar="DURATION",
+        help="how long from now: seconds, or like 30s, 1h30m (neither: until resume)",
+    )
+    pause.add_argument("--json", action="store_true", help="the JetStream API's JSON")
+    pause.set_defaults(func=pause_command)
+    resume = actions.add_parser("resume", help="deliver again to a paused consumer's clients")
+    resume.add_argument("stream", metavar="STREAM")
+    resume.add_argument("name", metavar="NAME")
+    resume.add_argument("--json", action="store_true", help="the JetStream API's JSON")
+    resume.set_defaults(func=resume_command)
+    for sub in (ls, info, pause, resume):
         add_connection_arguments(sub)
+
+
+def pause_time(text: str) -> dt.datetime:
+    """An argparse type: an ISO 8601 time with a timezone (``Z`` or an offset); a time
+    without one is a usage error (the server would not know which moment it is)."""
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time (ISO 8601, like 2026-01-31T12:00:00Z)"
+        ) from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no timezone: add Z (UTC) or an offset such as +02:00"
+        )
+    return value
 
 
 def ls_command(args: argparse.Namespace) -> int:
@@ -97,6 +158,54 @@ def info_command(args: argparse.Namespace) -> int:
     return run_with_jetstream(args, f"{PROG} info", body)
 
 
+def pause_command(args: argparse.Namespace) -> int:
+    until = args.until if args.until is not None else args.for_
+
+    async def body(js: JetStream) -> int:
+        return _show_pause(
+            args, await _on_consumer(args, js.pause_consumer(args.stream, args.name, until))
+        )
+
+    return run_with_jetstream(args, f"{PROG} pause", body)
+
+
+def resume_command(args: argparse.Namespace) -> int:
+    async def body(js: JetStream) -> int:
+        return _show_pause(
+            args, await _on_consumer(args, js.resume_consumer(args.stream, args.name))
+        )
+
+    return run_with_jetstream(args, f"{PROG} resume", body)
+
+
+async def _on_consumer(args: argparse.Namespace, call: Awaitable[ConsumerPause]) -> ConsumerPause:
+    try:
+        return await call
+    except StreamNotFound as exc:
+        raise ToolError(f"stream {args.stream!r} not found") from exc
+    except ConsumerNotFound as exc:
+        raise ToolError(f"consumer {args.name!r} not found on stream {args.stream!r}") from exc
+
+
+def _show_pause(args: argparse.Namespace, answer: ConsumerPause) -> int:
+    if args.json:
+        print_json(to_json(answer))
+    elif answer.paused:
+        print(f"consumer {args.name} on stream {args.stream} {pause_state(answer)}")
+    else:
+        print(f"consumer {args.name} on stream {args.stream} is not paused: it delivers")
+    return 0
+
+
+def pause_state(pause: ConsumerPause | ConsumerInfo) -> str:
+    """``paused until <time> (<n>s left)``, or ``paused until resumed`` for an open pause."""
+    until = pause.pause_until if isinstance(pause, ConsumerPause) else pause.config.pause_until
+    if until is None or until >= INDEFINITELY:
+        return "paused until resumed"
+    left = f" ({pause.pause_remaining:.0f}s left)" if pause.pause_remaining is not None else ""
+    return f"paused until {format_time(until)}{left}"
+
+
 def describe(info: ConsumerInfo) -> list[str]:
     """A consumer's configuration and state as lines for people."""
     c = info.config
@@ -121,5 +230,5 @@ def describe(info: ConsumerInfo) -> list[str]:
     if c.max_ack_pending not in (None, -1):
         lines.append(f"  max ack pending: {c.max_ack_pending}")
     if info.paused:
-        lines.append("  paused")
+        lines.append(f"  {pause_state(info)}")
     return lines

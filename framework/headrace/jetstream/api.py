@@ -16,14 +16,23 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import trio
 
-from headrace.errors import NoRespondersError
-from headrace.jetstream.codec import DecodeError, from_json, parse_time, to_json
+from headrace.errors import NoRespondersError, RequestTimeout
+from headrace.jetstream.atomic_batch import AtomicBatch, publish_batch
+from headrace.jetstream.codec import DecodeError, format_time, from_json, parse_time, to_json
 from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo
+from headrace.jetstream.direct_batch import (
+    BatchGet,
+    DirectBatch,
+    DirectBatchReader,
+    DirectGetNotAllowed,
+    MultiLastGet,
+)
+from headrace.jetstream.direct_mux import DirectBatchMux
 from headrace.jetstream.errors import (
     JetStreamUnavailable,
     MessageNotFound,
@@ -31,9 +40,12 @@ from headrace.jetstream.errors import (
     StreamLookupError,
     api_error,
 )
+from headrace.jetstream.msg_ttl import NATS_TTL, MessageTTL, ttl_header
 from headrace.jetstream.names import agreed_name, check_consumer, check_stream
+from headrace.jetstream.pause import ConsumerPause, PauseUntil, pause_api, pause_deadline
+from headrace.jetstream.priority import check_group_name, unpin_api
 from headrace.jetstream.responses import AccountInfo, PubAck
-from headrace.jetstream.stored_message import StoredMessage
+from headrace.jetstream.stored_message import StoredMessage, from_direct_reply
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
 from headrace.nats.connection import Connection
 from headrace.protocol.commands import check_subject
@@ -78,6 +90,7 @@ class JetStreamAPI:
         self.domain = domain
         self.prefix = prefix
         self.timeout = timeout
+        self._batch_mux: DirectBatchMux | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} prefix={self.prefix!r}>"
@@ -222,6 +235,40 @@ class JetStreamAPI:
         check_consumer("name", name)
         await self.api_request(f"CONSUMER.DELETE.{stream}.{name}")
 
+    async def unpin_consumer(self, stream: str, name: str, group: str) -> None:
+        """Clear the pin of a ``pinned_client`` priority group (ADR-42): the server picks a
+        new pinned client among the group's waiting pulls, and the old one's next pull with
+        the old id is answered 423. :class:`PriorityGroupNotFound` if the consumer has no such
+        group (on other policies the server accepts it and nothing changes)."""
+        check_stream("stream", stream)
+        check_consumer("name", name)
+        check_group_name(group)
+        await self.api_request(unpin_api(stream, name), {"group": group})
+
+    async def pause_consumer(
+        self, stream: str, name: str, until: PauseUntil | None = None
+    ) -> ConsumerPause:
+        """Pause a consumer (nats-server 2.11+) until ``until``: an aware datetime, a timedelta
+        or seconds from now, or ``None`` for :data:`~headrace.jetstream.pause.INDEFINITELY`.
+        Its clients get nothing meanwhile (their pulls wait, heartbeats go on). A time
+        already past resumes it. :class:`InvalidPauseUntil` for a naive datetime or a
+        negative interval (nothing sent); :class:`ConsumerNotFound` /
+        :class:`StreamNotFound` as the server answers."""
+        check_stream("stream", stream)
+        check_consumer("name", name)
+        deadline = pause_deadline(until)
+        answer = await self.api_request(
+            pause_api(stream, name), {"pause_until": format_time(deadline)}
+        )
+        return from_json(ConsumerPause, answer)
+
+    async def resume_consumer(self, stream: str, name: str) -> ConsumerPause:
+        """Resume a paused consumer now (a pause call without a time); harmless on one that
+        is not paused. The answer says ``paused=False``."""
+        check_stream("stream", stream)
+        check_consumer("name", name)
+        return from_json(ConsumerPause, await self.api_request(pause_api(stream, name)))
+
     async def consumers(self, stream: str) -> AsyncIterator[ConsumerInfo]:
         check_stream("stream", stream)
         async for item in self._paged(f"CONSUMER.LIST.{stream}", "consumers", {}):
@@ -244,6 +291,7 @@ class JetStreamAPI:
         expected_last_seq: int | None = None,
         expected_last_subject_seq: int | None = None,
         expected_last_msg_id: str | None = None,
+        ttl: MessageTTL | None = None,
         timeout: float | None = None,
         retry_attempts: int = 2,
         retry_wait: float = 0.25,
@@ -252,6 +300,10 @@ class JetStreamAPI:
 
         ``msg_id`` de-duplicates within the stream's duplicate window (``PubAck.duplicate``);
         the ``expected_*`` arguments make the write conditional (:class:`WrongLastSequence`).
+        ``ttl`` (ADR-43: seconds, a timedelta, a duration string such as ``"1h30m"``, or
+        ``"never"``) is how long the stream keeps this message, sent as ``Nats-TTL``: checked
+        before sending (:class:`InvalidMessageTTL`), refused by a stream without
+        ``allow_msg_ttl`` (:class:`MessageTTLDisabled`).
         Nobody answering is retried ``retry_attempts`` times, ``retry_wait`` seconds apart (as
         the Go client does): a stream just created, or electing a leader, answers a moment later.
         """
@@ -262,6 +314,7 @@ class JetStreamAPI:
             ("Nats-Expected-Last-Sequence", expected_last_seq),
             ("Nats-Expected-Last-Subject-Sequence", expected_last_subject_seq),
             ("Nats-Expected-Last-Msg-Id", expected_last_msg_id),
+            (NATS_TTL, None if ttl is None else ttl_header(ttl)),
         ):
             if value is not None:
                 hdrs.set(name, str(value))
@@ -289,6 +342,42 @@ class JetStreamAPI:
         if "error" in answer:
             raise api_error(answer["error"])
         return from_json(PubAck, answer)
+
+    def atomic_batch(
+        self,
+        *,
+        batch_id: str | None = None,
+        ack_every: int | None = None,
+        timeout: float | None = None,
+    ) -> AtomicBatch:
+        """A new atomic batch (ADR-50): ``await batch.add(...)`` its messages, then
+        ``await batch.commit(...)``; the stream (``allow_atomic``) stores all or none of them.
+        See :class:`~headrace.jetstream.AtomicBatch`."""
+        return AtomicBatch(
+            self.nc,
+            batch_id=batch_id,
+            ack_every=ack_every,
+            timeout=self.timeout if timeout is None else timeout,
+        )
+
+    async def publish_batch(
+        self,
+        messages: Iterable[tuple[str, bytes, Headers | Mapping[str, str | list[str]] | None]],
+        *,
+        batch_id: str | None = None,
+        ack_every: int | None = None,
+        timeout: float | None = None,
+    ) -> PubAck:
+        """Publish ``(subject, data, headers)`` messages as one atomic batch (ADR-50) and return
+        its PubAck (``batch``, ``count``), or raise the refusal (an
+        :class:`~headrace.jetstream.AtomicPublishError`); a refused batch stored nothing."""
+        return await publish_batch(
+            self.nc,
+            messages,
+            batch_id=batch_id,
+            ack_every=ack_every,
+            timeout=self.timeout if timeout is None else timeout,
+        )
 
     # -- reading stored messages --------------------------------------------------------------
 
@@ -359,26 +448,111 @@ class JetStreamAPI:
             raise MessageNotFound(404, 10037, description or "message not found")
         if status is not None:
             raise api_error({"code": status, "err_code": 0, "description": description})
-        if "Nats-Sequence" not in hdrs:
-            raise DecodeError("a Direct Get answer had no Nats-Sequence header")
+        return from_direct_reply(msg.raw_headers, msg.data, stream, hdrs)
 
-        def last(name: str, default: str) -> str:
-            # The server appends its headers after the stored message's own, which may carry
-            # the same names (a republished message does): the last value is the server's.
-            values = hdrs.get_all(name)
-            return values[-1] if values else default
+    async def direct_get_batch(
+        self,
+        stream: str,
+        batch: int,
+        *,
+        subject: str | None = None,
+        seq: int | None = None,
+        start_time: dt.datetime | None = None,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> DirectBatch:
+        """Up to ``batch`` messages of ``subject`` (wildcards allowed; ``None``: any) from
+        ``seq`` or ``start_time`` on (the first message if neither), in one request (ADR-31
+        batched Direct Get, nats-server 2.11+). See :class:`~headrace.jetstream.BatchGet`;
+        ``DirectBatch.num_pending`` says how many more there are."""
+        request = BatchGet(
+            batch=batch, subject=subject, seq=seq, start_time=start_time, max_bytes=max_bytes
+        )
+        return await self.direct_get_many(stream, request, timeout=timeout)
 
+    async def direct_get_last_for(
+        self,
+        stream: str,
+        subjects: Sequence[str],
+        *,
+        up_to_seq: int | None = None,
+        up_to_time: dt.datetime | None = None,
+        batch: int | None = None,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> DirectBatch:
+        """The last message of each subject matching ``subjects`` (wildcards allowed, at most
+        1024 matching: :class:`~headrace.jetstream.TooManySubjects` beyond), as the stream
+        stood at ``up_to_seq`` or ``up_to_time`` (``None``: now), in one request (ADR-31
+        multi-last). A ``batch`` or ``max_bytes`` cap may leave some pending: ask for the rest
+        with ``direct_get_many(stream, request.next_page(page))``."""
+        request = MultiLastGet(
+            subjects=subjects,
+            up_to_seq=up_to_seq,
+            up_to_time=up_to_time,
+            batch=batch,
+            max_bytes=max_bytes,
+        )
+        return await self.direct_get_many(stream, request, timeout=timeout)
+
+    async def direct_get_many(
+        self, stream: str, request: BatchGet | MultiLastGet, *, timeout: float | None = None
+    ) -> DirectBatch:
+        """Send one batched Direct Get and read its answer up to the end-of-batch status.
+
+        Typed failures: :class:`~headrace.jetstream.DirectGetNotAllowed` (the stream has no
+        ``allow_direct``), :class:`StreamNotFound`, :class:`~headrace.jetstream.TooManySubjects`,
+        :class:`~headrace.jetstream.DirectGetRefused`,
+        :class:`~headrace.jetstream.BatchGetUnsupported` (a server before 2.11),
+        :class:`~headrace.jetstream.DirectBatchBroken` (a message lost on the way),
+        :class:`~headrace.errors.RequestTimeout`. Nothing matching is an empty batch.
+        """
+        check_stream("stream", stream)
+        limit = self.timeout if timeout is None else timeout
+        mux = self._direct_mux()
+        reply, waiting = mux.register(DirectBatchReader(stream))
+        data = json.dumps(request.body(), separators=(",", ":")).encode()
         try:
-            seq_no = int(last("Nats-Sequence", ""))
-        except ValueError as exc:
-            raise DecodeError("a Direct Get answer had a malformed Nats-Sequence") from exc
-        return StoredMessage(
-            stream=last("Nats-Stream", stream),
-            subject=last("Nats-Subject", ""),
-            seq=seq_no,
-            data=msg.data,
-            raw_headers=msg.raw_headers,
-            time=_direct_time(last("Nats-Time-Stamp", "")),
+            with trio.move_on_after(limit):
+                await self.nc.publish(self.api_subject(f"DIRECT.GET.{stream}"), data, reply=reply)
+                await waiting.done.wait()
+                if isinstance(waiting.result, NoRespondersError):
+                    await self._no_direct_responder(stream)
+                if isinstance(waiting.result, Exception):
+                    raise waiting.result
+                assert waiting.result is not None
+                return waiting.result
+        finally:
+            mux.unregister(reply)
+        came = waiting.reader.received
+        hint = (
+            f" ({came} messages came, no end-of-batch: through an account import, the export "
+            "of $JS.API.> must allow several responses, response_type: stream)"
+            if came
+            else ""
+        )
+        raise RequestTimeout(
+            f"the Direct Get batch of stream {stream!r} did not end within {limit}s{hint}"
+        )
+
+    def _direct_mux(self) -> DirectBatchMux:
+        """The shared inbox of this context's batched Direct Gets, subscribed on first use."""
+        mux = self._batch_mux
+        if mux is None or mux.sub is None or mux.sub.is_closed:
+            mux = DirectBatchMux(self.nc.options.inbox_prefix)
+            mux.sub = self.nc.subscribe_nowait(mux.subject, handler=mux.on_batch)
+            self._batch_mux = mux
+        return mux
+
+    async def _no_direct_responder(self, stream: str) -> None:
+        """Nobody answered a Direct Get: say why (raises :class:`StreamNotFound`,
+        :class:`~headrace.jetstream.DirectGetNotAllowed` or :class:`JetStreamUnavailable`)."""
+        info = await self.stream_info(stream)
+        if not info.config.allow_direct:
+            raise DirectGetNotAllowed(stream)
+        raise JetStreamUnavailable(
+            f"no Direct Get responder for stream {stream!r} yet (allow_direct is on): a stream "
+            "just created or updated gets its responders a moment later"
         )
 
     async def delete_msg(self, stream: str, seq: int, *, erase: bool = False) -> None:
@@ -403,23 +577,3 @@ def _get_body(
     if next_by_subject is not None:
         body["next_by_subj"] = next_by_subject
     return body
-
-
-def _direct_time(text: str | None) -> dt.datetime | None:
-    """Direct Get's ``Nats-Time-Stamp``: RFC 3339 on current servers, Go's ``2022-08-06
-    00:29:27.5878 +0000 UTC`` on older ones; anything else is left out rather than guessed."""
-    if not text:
-        return None
-    try:
-        return parse_time(text)
-    except DecodeError:
-        pass
-    parts = text.split(" ")
-    if len(parts) < 3:
-        return None
-    day, clock, zone = parts[0], parts[1], parts[2]
-    zone = zone[:3] + ":" + zone[3:] if len(zone) == 5 else zone
-    try:
-        return parse_time(f"{day}T{clock}{zone}")
-    except DecodeError:
-        return None

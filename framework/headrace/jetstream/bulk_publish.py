@@ -5,6 +5,10 @@
 PubAcks collected on one inbox and at most ``window`` of them outstanding, so memory and the
 server's pending queue stay bounded. Refusals (an error PubAck, a status such as 503) are
 counted, not raised mid-way: the caller compares what the stream holds with what it sent.
+
+A ``ttl`` (ADR-43) applies to every message of the load, as the ``Nats-TTL`` header; it is
+checked once before the first message goes out, since a bad one would have every message
+refused.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 import trio
 
+from headrace.jetstream.msg_ttl import NATS_TTL, MessageTTL, ttl_header
 from headrace.nats.connection import Connection
 
 #: PubAcks awaited at once by default.
@@ -42,11 +47,18 @@ async def publish_acked(
     messages: Iterable[tuple[str, bytes, Mapping[str, str] | None]],
     *,
     window: int = DEFAULT_WINDOW,
+    ttl: MessageTTL | None = None,
 ) -> BulkPublishResult:
     """Publish ``(subject, data, headers)`` messages with at most ``window`` PubAcks pending;
-    returns once every one was answered (``trio.TooSlowError`` if one takes over 30 s)."""
+    returns once every one was answered (``trio.TooSlowError`` if one takes over 30 s).
+
+    ``ttl`` gives every message that per-message TTL (seconds, a timedelta, a duration
+    string or ``"never"``; :class:`~headrace.jetstream.errors.InvalidMessageTTL` before
+    anything is sent if it is not one). A stream without ``allow_msg_ttl`` refuses them all,
+    counted in ``refused``."""
     if window < 1:
         raise ValueError(f"window must be at least 1, not {window}")
+    ttl_value = None if ttl is None else ttl_header(ttl)
     inbox = nc.new_inbox()
     acks = await nc.subscribe(inbox)
     sent = answered = refused = payload = 0
@@ -61,6 +73,8 @@ async def publish_acked(
             refused += sum(1 for m in batch if m.status is not None or b'"error"' in m.data)
 
         for subject, data, headers in messages:
+            if ttl_value is not None:
+                headers = {**(headers or {}), NATS_TTL: ttl_value}
             await nc.publish(subject, data, reply=inbox, headers=headers)
             sent += 1
             payload += len(data)

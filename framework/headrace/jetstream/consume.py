@@ -36,6 +36,16 @@ buffer can ask for more than was refused; and a request for the whole of ``max_b
 so means the message can never be pulled with this limit: the consume ends with
 :class:`MessageTooLarge`.
 
+Priority groups (ADR-42): with ``group`` set, every request names it (and ``min_pending``,
+``min_ack_pending`` or ``priority``). On a ``pinned_client`` group the reader notes the
+``Nats-Pin-Id`` of delivered messages; the flow sends it back as ``id`` in every later request
+(a :class:`PinGained` event says so), and a 423 to a request carrying it means the pin moved
+on: it is forgotten, the pending counts reset and the buffer pulls again without it, as a
+standby (a :class:`PinLost` event). The server keeps a pin only while its holder pulls again
+within ``priority_timeout``, and a waiting request does not count: an idle consume pulls
+again only when its request expires, so ``expires`` must be shorter than the timeout
+(checked when the consume starts).
+
 Acks the server refuses (a user without permission to publish to ``$JS.ACK``) are reported by
 the connection (:meth:`Connection.on_publish_denied`); the consume then ends at once with
 :class:`AckRefused`, dropping what it buffered (those messages come back after ack_wait), since
@@ -63,8 +73,9 @@ from headrace.jetstream.errors import (
     InvalidAckReply,
     JetStreamError,
 )
-from headrace.jetstream.events import HeartbeatsMissed, PullWarning
+from headrace.jetstream.events import HeartbeatsMissed, PinGained, PinLost, PullWarning
 from headrace.jetstream.message import WPI, JsMsg, wire_size
+from headrace.jetstream.priority import PriorityPull, pin_id, priority_pull
 from headrace.jetstream.pull_flow import (
     HEARTBEAT_ALARM_FACTOR,
     Alarm,
@@ -73,6 +84,7 @@ from headrace.jetstream.pull_flow import (
     Ended,
     Pull,
     PullFlow,
+    Unpinned,
     Warn,
     default_heartbeat,
 )
@@ -105,6 +117,11 @@ class ConsumeOptions:
 
     Give ``max_messages`` or ``max_bytes``, not both; with neither, ``max_messages`` is 1000.
     Thresholds default to half of the size and may not exceed it.
+
+    On a consumer with priority groups (ADR-42), ``group`` names the group every request
+    pulls from; ``min_pending`` and ``min_ack_pending`` (``overflow``: served only while the
+    consumer has at least that many messages pending, or unacknowledged) and ``priority``
+    (``prioritized``: 0 is served first, 9 last) go with it.
     """
 
     max_messages: int | None = attrs.field(default=None, validator=at_least_one_or_none)
@@ -115,8 +132,13 @@ class ConsumeOptions:
     threshold_bytes: int | None = None
     #: Heartbeat alarm after this many idle_heartbeat intervals of silence (ADR-37: 2).
     heartbeat_alarm_factor: float = HEARTBEAT_ALARM_FACTOR
+    group: str | None = None
+    min_pending: int | None = None
+    min_ack_pending: int | None = None
+    priority: int | None = None
 
     def __attrs_post_init__(self) -> None:
+        self.priority_pull  # noqa: B018 (validates the group and its settings now)
         if self.max_messages is not None and self.max_bytes is not None:
             raise ValueError("give max_messages or max_bytes, not both (ADR-37)")
         if self.expires < 1:
@@ -142,6 +164,11 @@ class ConsumeOptions:
         return self.max_bytes is not None
 
     @property
+    def priority_pull(self) -> PriorityPull | None:
+        """What each request asks of the consumer's priority group, if a group is set."""
+        return priority_pull(self.group, self.min_pending, self.min_ack_pending, self.priority)
+
+    @property
     def buffer_messages(self) -> int:
         return self.max_messages if self.max_messages is not None else DEFAULT_MAX_MESSAGES
 
@@ -162,7 +189,7 @@ class ConsumeOptions:
         return self.buffer_messages // 2
 
 
-ConsumeEvent = HeartbeatsMissed | PullWarning
+ConsumeEvent = HeartbeatsMissed | PullWarning | PinGained | PinLost
 
 
 @attrs.frozen(slots=True)
@@ -191,6 +218,9 @@ class PulledConsumer(Protocol):
     @property
     def tracker(self) -> OutstandingAcks | None:
         """Counts what was handed out and not yet acked, if a subscription's drain asked."""
+
+    #: The pin id of its ``pinned_client`` group, kept between fetches and consumes.
+    pin_id: str | None
 
     @property
     def _next_subject(self) -> str:
@@ -224,7 +254,10 @@ class ConsumeBuffer(Actor[_Control]):
             stream=consumer.stream,
             consumer=consumer.name,
             subject=self._next_subject,
+            priority=options.priority_pull,
+            pin_id=consumer.pin_id,
         )
+        self._grouped = self._flow.priority is not None
         self._ack_none = consumer.ack_none
         self.inbox_subject = self._nc.new_inbox()
         self._buf: deque[Msg] = deque()
@@ -379,6 +412,13 @@ class ConsumeBuffer(Actor[_Control]):
         elif isinstance(decision, Alarm):
             self._hub.emit(HeartbeatsMissed(self.consumer.name, decision.silence))
             self._pull()
+        elif isinstance(decision, Unpinned):
+            self.consumer.pin_id = None
+            group = self._flow.priority.group if self._flow.priority is not None else ""
+            self._hub.emit(
+                PinLost(self.consumer.name, group, decision.pin_id, decision.description)
+            )
+            self._pull()
         elif isinstance(decision, Ended):
             self._end()
         # CheckConsumer comes only from the control loop, which handles it itself.
@@ -399,6 +439,8 @@ class ConsumeBuffer(Actor[_Control]):
                     buf.append(msg)
                     nbytes += wire_size(msg)
                 else:
+                    if self._grouped:
+                        self._note_pin(counted)
                     flow.received(len(buf) - counted, nbytes, now)
                     counted, nbytes = len(buf), 0
                     self._on_status(msg, now)
@@ -407,14 +449,31 @@ class ConsumeBuffer(Actor[_Control]):
                 if msg.reply is not None:
                     buf.append(msg)
                 else:
+                    if self._grouped:
+                        self._note_pin(counted)
                     flow.received(len(buf) - counted, 0, now)
                     counted = len(buf)
                     self._on_status(msg, now)
+        if self._grouped:
+            self._note_pin(counted)
         flow.received(len(buf) - counted, nbytes, now)
         added = len(buf) - before
         if added:
             self._arrivals.append([now, added])
             self._getters.unpark_all()
+
+    def _note_pin(self, start: int) -> None:
+        """The newest ``Nats-Pin-Id`` among the messages buffered from ``start`` on, if any,
+        goes to the flow (statuses are handled in order, so a 423 after them still wins)."""
+        buf = self._buf
+        for msg in itertools.islice(reversed(buf), len(buf) - start):
+            found = pin_id(msg.raw_headers, msg.headers if msg.raw_headers else None)
+            if found is not None:
+                if self._flow.pinned(found):
+                    self.consumer.pin_id = found
+                    assert self._flow.priority is not None
+                    self._hub.emit(PinGained(self.consumer.name, self._flow.priority.group, found))
+                return
 
     def _on_status(self, msg: Msg, now: float) -> None:
         status = msg.status

@@ -7,9 +7,12 @@ nats-server's errors.json) and ``description``. The common ones have their own c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headrace.errors import HeadraceError
+
+if TYPE_CHECKING:
+    from headrace.jetstream.responses import PubAck
 
 
 class JetStreamError(HeadraceError):
@@ -85,6 +88,141 @@ class WrongLastMsgId(JetStreamAPIError):
     err_codes = (10070,)
 
 
+class MessageTTLDisabled(JetStreamAPIError):
+    """A publish with a per-message TTL (``Nats-TTL``, ADR-43) to a stream without
+    ``allow_msg_ttl`` (the server's 10166). Nothing was stored. Turn the stream's
+    ``allow_msg_ttl`` on (a stream update may turn it on, never off), or publish without
+    ``ttl``."""
+
+    err_codes = (10166,)
+
+
+class InvalidMessageTTL(JetStreamAPIError, ValueError):
+    """A per-message TTL (ADR-43) the server refuses (its 10165): not whole seconds nor a
+    duration string, below one second, or ``0``. Nothing was stored. The client refuses such a
+    ``ttl`` before anything is sent, with the ``err_code`` the server would answer."""
+
+    err_codes = (10165,)
+
+
+class PriorityGroupError(JetStreamError, ValueError):
+    """A consumer's priority groups (ADR-42) used in a way they do not allow: a configuration
+    the server refuses, a pull that does not fit the consumer's group and policy, or consume
+    settings that would lose a pin. The subclasses say which; the message says what to do."""
+
+
+class PriorityGroupConfigError(PriorityGroupError, JetStreamAPIError):
+    """A consumer configuration with priority groups that the server refuses (a policy
+    without a group, a group without a policy, a bad group name, ``priority_timeout`` without
+    a policy, groups on a push consumer). ``ConsumerConfig`` refuses these before anything is
+    sent, with the ``err_code`` the server would answer."""
+
+    err_codes = (10159, 10161, 10162, 10178, 10196, 10197)
+
+
+class PriorityGroupNotFound(PriorityGroupError, JetStreamAPIError):
+    """The consumer has no priority group of that name (an unpin of an unknown group)."""
+
+    err_codes = (10160,)
+
+
+class InvalidPauseUntil(JetStreamError, ValueError):
+    """A consumer pause (nats-server 2.11+) the client refuses before sending it: a naive
+    ``datetime`` (no timezone: no moment on the server's clock), a negative or non-finite
+    number of seconds, or something that is no time at all."""
+
+
+class AtomicPublishError(JetStreamAPIError):
+    """The server refused an atomic batch publish (ADR-50, nats-server 2.12+), or a stream
+    configuration for one. A refused batch is abandoned whole: none of its messages is stored.
+    The subclasses say why."""
+
+
+class AtomicPublishDisabled(AtomicPublishError):
+    """The stream does not have ``allow_atomic`` (10174): turn it on with a stream update (a
+    mirror cannot have it), or publish the messages one by one."""
+
+    err_codes = (10174,)
+
+
+class AtomicBatchSequenceMissing(AtomicPublishError):
+    """A message with ``Nats-Batch-Id`` but no ``Nats-Batch-Sequence`` (10175)."""
+
+    err_codes = (10175,)
+
+
+class AtomicBatchIncomplete(AtomicPublishError):
+    """The batch has a gap, does not start at sequence 1, or is no longer known to the server
+    (10176): it abandons a batch that has had no message for its batch timeout (10 s by
+    default), or that one of the stream's checks refused. Publish the whole batch again."""
+
+    err_codes = (10176,)
+
+
+class AtomicUnsupportedHeader(AtomicPublishError, ValueError):
+    """A header a batch may not carry (10177); ``Nats-Expected-Last-Msg-Id`` is the one the
+    server names. The client refuses it before anything is sent, with this ``err_code``."""
+
+    err_codes = (10177,)
+
+
+class InvalidBatchId(AtomicPublishError, ValueError):
+    """A batch id the server refuses (10179): longer than 64 characters, or empty. The client
+    refuses it before anything is sent, with this ``err_code``."""
+
+    err_codes = (10179,)
+
+
+class AtomicPublishOnMirror(AtomicPublishError):
+    """A mirror stream with ``allow_atomic`` (10198): a mirror only copies its origin."""
+
+    err_codes = (10198,)
+
+
+class AtomicBatchTooLarge(AtomicPublishError):
+    """The batch has more messages than the server allows in one (10199; 1000 unless the
+    server's ``jetstream.limits.batch.max_msgs`` says otherwise). Split it."""
+
+    err_codes = (10199,)
+
+
+class InvalidBatchCommit(AtomicPublishError):
+    """A ``Nats-Batch-Commit`` value other than ``1`` or ``eob`` (10200)."""
+
+    err_codes = (10200,)
+
+
+class AtomicBatchDuplicateMessage(AtomicPublishError):
+    """A ``Nats-Msg-Id`` of the batch repeats one earlier in the batch or one still in the
+    stream's duplicate window (10201). Unlike a single publish, the duplicate is not answered
+    as such: the whole batch is refused."""
+
+    err_codes = (10201,)
+
+
+class AtomicBatchTooManyInflight(AtomicPublishError):
+    """The stream (50 by default) or the server (1000) has as many open batches as it allows
+    (10210, code 429): commit or let others time out, then start this batch again."""
+
+    err_codes = (10210,)
+
+
+class AtomicBatchUsageError(JetStreamError, ValueError):
+    """An :class:`~headrace.jetstream.AtomicBatch` used in a way it does not allow: a message
+    after the batch was committed or refused, a commit of an empty batch, headers that are the
+    batch's own (``Nats-Batch-*``). Nothing is sent for the call that raised it."""
+
+
+class AtomicPublishUnsupported(JetStreamError):
+    """The server answered the first message of a batch with a plain PubAck: it does not know
+    atomic batches (ADR-50 needs nats-server 2.12+) and stored that message on its own.
+    ``ack`` is that PubAck; nothing else of the batch was sent."""
+
+    def __init__(self, message: str, ack: PubAck) -> None:
+        super().__init__(message)
+        self.ack = ack
+
+
 _BY_CODE: dict[int, type[JetStreamAPIError]] = {
     code: cls
     for cls in (
@@ -99,6 +237,20 @@ _BY_CODE: dict[int, type[JetStreamAPIError]] = {
         MessageNotFound,
         WrongLastSequence,
         WrongLastMsgId,
+        MessageTTLDisabled,
+        InvalidMessageTTL,
+        PriorityGroupConfigError,
+        PriorityGroupNotFound,
+        AtomicPublishDisabled,
+        AtomicBatchSequenceMissing,
+        AtomicBatchIncomplete,
+        AtomicUnsupportedHeader,
+        InvalidBatchId,
+        AtomicPublishOnMirror,
+        AtomicBatchTooLarge,
+        InvalidBatchCommit,
+        AtomicBatchDuplicateMessage,
+        AtomicBatchTooManyInflight,
     )
     for code in cls.err_codes
 }
@@ -162,6 +314,17 @@ class InvalidNameError(JetStreamError, ValueError):
         self.name = name
 
 
+class InvalidConfigValue(JetStreamError, ValueError):
+    """A stream or consumer configuration field with a value the server would refuse or
+    misread (a negative limit, a replica count out of range, a subject with whitespace,
+    metadata that is not text to text). Refused when the config is built, before anything is
+    sent; ``field`` names the field, as the API spells it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class ConsumerNameConflict(JetStreamError, ValueError):
     """Two names given for one consumer disagree: ``name`` and ``durable_name`` of a
     ``ConsumerConfig``, or a subscribe call's ``durable=`` / ``bind=`` and the config's names.
@@ -193,6 +356,27 @@ class PullStatusError(JetStreamError):
         super().__init__(message or f"pull request failed: {status} {description}")
         self.status = status
         self.description = description
+
+
+class PriorityPullRefused(PriorityGroupError, PullStatusError):
+    """A pull that does not fit the consumer's priority groups (ADR-42): the server answered
+    400 (or the client saw it coming from the consumer's configuration and sent nothing).
+    Pulling again the same way is refused the same way, so a consume ends with it."""
+
+
+class PriorityGroupMissing(PriorityPullRefused):
+    """The consumer has priority groups and the pull named none: give ``group``."""
+
+
+class UnknownPriorityGroup(PriorityPullRefused):
+    """The pull named a group the consumer does not have (or the consumer has none, which
+    the server would ignore, delivering as if no group were asked for)."""
+
+
+class PriorityPolicyMismatch(PriorityPullRefused):
+    """The pull asked for what another policy does: ``min_pending``/``min_ack_pending`` on a
+    consumer that is not ``overflow``, an ``id`` on one that is not ``pinned_client``, or a
+    ``priority`` on one that is not ``prioritized``."""
 
 
 class PushStatusError(JetStreamError):

@@ -77,6 +77,30 @@ class ConsumerDeleteFailed:
     error: BaseException
 
 
+@attrs.frozen(slots=True)
+class PinGained:
+    """This client became the pinned one of a ``pinned_client`` priority group (ADR-42): a
+    delivered message carried ``pin_id`` in its ``Nats-Pin-Id`` header, which every later pull
+    sends back. From now on the group's messages come here, while its pulls keep the pin."""
+
+    consumer: str
+    group: str
+    pin_id: str
+
+
+@attrs.frozen(slots=True)
+class PinLost:
+    """The pin this client held (``pin_id``) moved to another client: the server answered a
+    pull carrying it with 423 (``description``), after the pin timed out or was unpinned. The
+    consume forgot it and pulls on without an id, as a standby. Messages handed out before may
+    still be acked."""
+
+    consumer: str
+    group: str
+    pin_id: str
+    description: str
+
+
 JetStreamEvent = (
     HeartbeatsMissed
     | PullWarning
@@ -85,4 +109,6 @@ JetStreamEvent = (
     | MessagesDropped
     | ConsumerRecreated
     | ConsumerDeleteFailed
+    | PinGained
+    | PinLost
 )

@@ -20,13 +20,23 @@ which may answer from a lagging replica: a stale read can make a compare-and-set
 succeed wrongly, so the usual loop (read, compute, update, on :class:`WrongRevision` read again)
 is safe.
 
-Not supported here (ADR-8 extensions): limit markers and per-key TTLs (ADR-48), sources and
-mirrors (ADR-57), republish, placement, and the cross-account API prefix form of the ``$KV``
-subjects (writes go to ``$KV.<bucket>.<key>`` as seen by this connection's account).
+Limit markers and per-key TTLs (ADR-48) ride on ADR-43's per-message TTL: a bucket with
+``limit_marker_ttl`` is a stream with ``allow_msg_ttl`` and that ``subject_delete_marker_ttl``.
+:meth:`KeyValue.create` and :meth:`KeyValue.purge` (only those, as ADR-48 says: a TTL on a
+put could let older revisions outlive the newer one) take a ``ttl``; when the server removes a
+key's last entry for its age it places a ``Nats-Marker-Reason: MaxAge`` marker, kept
+``limit_marker_ttl``, which reads as a PURGE.
+
+Through a JetStream domain or an account import's API prefix, writes go to
+``<prefix>.$KV.<bucket>.<key>`` (ADR-19); reads and watches go through the API prefix like
+every other request.
+
+Not supported here (ADR-8 extensions): sources and mirrors (ADR-57), republish, placement.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 import re
@@ -38,25 +48,33 @@ import attrs
 
 from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.consumer_config import ConsumerConfig, DeliverPolicy
-from headrace.jetstream.context import JetStream
+from headrace.jetstream.context import DEFAULT_API_PREFIX, JetStream
+from headrace.jetstream.direct_batch import MAX_MULTI_SUBJECTS, MultiLastGet
 from headrace.jetstream.errors import (
+    InvalidConfigValue,
     JetStreamAPIError,
     JetStreamError,
     JetStreamUnavailable,
     MessageNotFound,
+    MessageTTLDisabled,
     NoStreamForSubject,
     StreamAlreadyExists,
     StreamNotFound,
 )
 from headrace.jetstream.message import JsMsg
+from headrace.jetstream.msg_ttl import MIN_TTL, MessageTTL
 from headrace.jetstream.push import PushSubscription
 from headrace.jetstream.stored_message import StoredMessage
 from headrace.jetstream.stream_config import (
     Compression,
     DiscardPolicy,
+    Placement,
+    RePublish,
     StorageType,
     StreamConfig,
     StreamInfo,
+    StreamSource,
+    SubjectTransformConfig,
 )
 from headrace.protocol.headers import Headers
 
@@ -67,6 +85,10 @@ MAX_HISTORY = 64
 MAX_DUPLICATE_WINDOW = 120.0
 #: How many conditional writes a create makes at most, each on a newer delete marker.
 CREATE_ATTEMPTS = 8
+#: ADR-8 and nats.go: the markers :meth:`KeyValue.purge_deletes` keeps by default (seconds).
+PURGE_DELETES_OLDER_THAN = 30 * 60.0
+#: The JetStream API level (``$JS.API.INFO``) from which servers have limit markers (2.11).
+LIMIT_MARKERS_API_LEVEL = 1
 
 KV_OPERATION = "KV-Operation"
 MARKER_REASON = "Nats-Marker-Reason"
@@ -147,6 +169,29 @@ class WrongRevision(KeyValueError):
         self.key = key
         self.expected = expected
         self.current = current
+
+
+class KeyTTLDisabled(KeyValueError, MessageTTLDisabled):
+    """A ``ttl`` on :meth:`KeyValue.create` or :meth:`KeyValue.purge` in a bucket without
+    limit markers: its stream refuses per-message TTLs (the server's 10166). Nothing was
+    written. Give the bucket a ``limit_marker_ttl`` (``update_key_value`` can turn it on, never
+    off), or write without ``ttl``."""
+
+    def __init__(self, bucket: str, code: int, err_code: int) -> None:
+        MessageTTLDisabled.__init__(
+            self,
+            code,
+            err_code,
+            f"bucket {bucket!r} has no per-key TTLs (its stream refuses Nats-TTL): set its "
+            "limit_marker_ttl to turn them on, or write without ttl",
+        )
+        self.bucket = bucket
+
+
+class LimitMarkersNotSupported(KeyValueError):
+    """A ``limit_marker_ttl`` asked of a server whose JetStream API level is below 1 (before
+    nats-server 2.11): it would ignore the setting and make a bucket whose keys never expire
+    and whose watchers never hear of removals. Nothing was created or changed."""
 
 
 class KeyExists(WrongRevision):
@@ -273,6 +318,12 @@ class KeyValueConfig:
     ``history`` is how many revisions each key keeps (1 to 64); ``ttl`` (seconds, the stream's
     ``max_age``) how long any revision is kept; ``max_value_size`` and ``max_bytes`` cap one
     value and the whole bucket; ``None`` leaves a limit unset.
+
+    ``limit_marker_ttl`` (seconds, at least 1; ADR-48) turns on per-key TTLs and limit
+    markers: when a key's last entry is removed for its age (the bucket's ``ttl`` or the key's
+    own), the server leaves a marker that watchers see as a PURGE, kept this long. Once on, it
+    cannot be turned off. With ``history`` above 1 the server also raises any shorter per-key
+    TTL to this value.
     """
 
     bucket: str = attrs.field(validator=lambda _i, _a, v: check_bucket_name(v))
@@ -285,6 +336,37 @@ class KeyValueConfig:
     replicas: int = 1
     compression: bool = False
     metadata: dict[str, str] | None = attrs.field(default=None, hash=False)
+    limit_marker_ttl: float | None = attrs.field(default=None)
+    #: Where the bucket's replicas go, and what the server republishes after each write.
+    placement: Placement | None = None
+    republish: RePublish | None = None
+    #: Buckets whose entries flow into this one. Each ``name`` is a bucket name; a source
+    #: without ``subject_transforms`` or ``filter_subject`` gets the transform that stores the
+    #: other bucket's keys under this one's subjects (ADR-8 "sources").
+    sources: list[StreamSource] | None = attrs.field(default=None, hash=False)
+    #: The bucket this one mirrors (``name``: a bucket name): a read-only copy with the
+    #: origin's keys, read here, written through to the origin (see docs/kv.md).
+    mirror: StreamSource | None = attrs.field(default=None)
+
+    @sources.validator
+    def _check_sources(self, _attr: attrs.Attribute[Any], value: list[StreamSource] | None) -> None:
+        for source in value or ():
+            check_bucket_name(source.name)
+
+    @mirror.validator
+    def _check_mirror(self, _attr: attrs.Attribute[Any], value: StreamSource | None) -> None:
+        if value is not None:
+            check_bucket_name(value.name)
+            if self.sources:
+                raise InvalidConfigValue("mirror", "a bucket mirrors one bucket or has sources")
+
+    @limit_marker_ttl.validator
+    def _check_limit_marker_ttl(self, _attr: attrs.Attribute[Any], value: float | None) -> None:
+        if value is not None and not value >= MIN_TTL:
+            raise ValueError(
+                f"limit_marker_ttl must be at least {MIN_TTL:g} second (or None: no limit "
+                f"markers), not {value!r}"
+            )
 
     @history.validator
     def _check_history(self, _attr: attrs.Attribute[Any], value: int) -> None:
@@ -304,7 +386,7 @@ class KeyValueConfig:
         return StreamConfig(
             name=STREAM_PREFIX + self.bucket,
             description=self.description,
-            subjects=[f"{SUBJECT_PREFIX}.{self.bucket}.>"],
+            subjects=None if self.mirror else [f"{SUBJECT_PREFIX}.{self.bucket}.>"],
             max_msgs_per_subject=self.history,
             max_age=ttl,
             duplicate_window=min(ttl, MAX_DUPLICATE_WINDOW) if ttl else None,
@@ -318,7 +400,30 @@ class KeyValueConfig:
             allow_direct=True,
             compression=Compression.S2 if self.compression else None,
             metadata=dict(self.metadata) if self.metadata else None,
+            allow_msg_ttl=True if self.limit_marker_ttl else None,
+            subject_delete_marker_ttl=self.limit_marker_ttl,
+            placement=self.placement,
+            republish=self.republish,
+            sources=[self._stream_source(s) for s in self.sources] if self.sources else None,
+            mirror=(
+                attrs.evolve(self.mirror, name=STREAM_PREFIX + self.mirror.name)
+                if self.mirror
+                else None
+            ),
+            mirror_direct=True if self.mirror else None,
         )
+
+    def _stream_source(self, source: StreamSource) -> StreamSource:
+        """The stream source of bucket ``source.name``: its stream, its keys moved to ours."""
+        transforms = source.subject_transforms
+        if transforms is None and source.filter_subject is None:
+            transforms = [
+                SubjectTransformConfig(
+                    src=f"{SUBJECT_PREFIX}.{source.name}.>",
+                    dest=f"{SUBJECT_PREFIX}.{self.bucket}.>",
+                )
+            ]
+        return attrs.evolve(source, name=STREAM_PREFIX + source.name, subject_transforms=transforms)
 
 
 @attrs.frozen(kw_only=True)
@@ -334,6 +439,24 @@ class KeyValueStatus:
     metadata: dict[str, str] = attrs.field(hash=False)
     stream_info: StreamInfo = attrs.field(repr=False, eq=False, hash=False)
     backing_store: str = "JetStream"
+    #: How long limit markers are kept (seconds); ``None``: the bucket has none (ADR-48).
+    limit_marker_ttl: float | None = None
+
+
+def bucket_status(bucket: str, info: StreamInfo) -> KeyValueStatus:
+    """The status of ``bucket`` from its stream's info."""
+    cfg = info.config
+    return KeyValueStatus(
+        bucket=bucket,
+        values=info.state.messages,
+        history=cfg.max_msgs_per_subject or 0,
+        ttl=cfg.max_age or None,
+        bytes=info.state.bytes,
+        is_compressed=cfg.compression is Compression.S2,
+        metadata=dict(cfg.metadata or {}),
+        stream_info=info,
+        limit_marker_ttl=cfg.subject_delete_marker_ttl or None,
+    )
 
 
 # -- bucket management ----------------------------------------------------------------------------
@@ -342,8 +465,10 @@ class KeyValueStatus:
 async def create_key_value(js: JetStream, config: KeyValueConfig) -> KeyValue:
     """Create the bucket (idempotent for the same configuration) and return its handle.
 
-    :class:`BucketExists` if it exists with another configuration.
+    :class:`BucketExists` if it exists with another configuration;
+    :class:`LimitMarkersNotSupported` for a ``limit_marker_ttl`` on a server without them.
     """
+    await check_limit_markers(js, config)
     stream = config.stream_config()
     try:
         info = await js.add_stream(stream)
@@ -352,7 +477,29 @@ async def create_key_value(js: JetStream, config: KeyValueConfig) -> KeyValue:
             f"bucket {config.bucket!r} exists with another configuration: bind to it with "
             "key_value(), or delete it first"
         ) from exc
-    return KeyValue(js, config.bucket, direct=bool(info.config.allow_direct))
+    return KeyValue(js, config.bucket, direct=bool(info.config.allow_direct), origin=_origin(info))
+
+
+def _origin(info: StreamInfo) -> str | None:
+    """The bucket a mirror bucket mirrors (its keys keep that bucket's subjects), else None."""
+    mirror = info.config.mirror
+    return mirror.name.removeprefix(STREAM_PREFIX) if mirror else None
+
+
+async def check_limit_markers(js: JetStream, config: KeyValueConfig) -> None:
+    """:class:`LimitMarkersNotSupported` if ``config`` asks for limit markers and the server's
+    JetStream API level is below 1 (ADR-48 asks clients to check, as older servers ignore
+    the fields); no request when it does not ask for them."""
+    if config.limit_marker_ttl is None:
+        return
+    api = (await js.account_info()).extra.get("api")
+    level = api.get("level", 0) if isinstance(api, dict) else 0
+    if not isinstance(level, int) or level < LIMIT_MARKERS_API_LEVEL:
+        raise LimitMarkersNotSupported(
+            f"bucket {config.bucket!r}: this server's JetStream API level is {level!r}, limit "
+            f"markers (limit_marker_ttl) need {LIMIT_MARKERS_API_LEVEL} (nats-server 2.11 "
+            "or later)"
+        )
 
 
 async def key_value(js: JetStream, bucket: str) -> KeyValue:
@@ -370,7 +517,7 @@ async def key_value(js: JetStream, bucket: str) -> KeyValue:
             f"stream {stream!r} is not a Key-Value bucket (it has no max_msgs_per_subject); "
             "use another bucket name"
         )
-    return KeyValue(js, bucket, direct=bool(info.config.allow_direct))
+    return KeyValue(js, bucket, direct=bool(info.config.allow_direct), origin=_origin(info))
 
 
 async def delete_key_value(js: JetStream, bucket: str) -> None:
@@ -392,11 +539,22 @@ class KeyValue:
     buckets without ``allow_direct`` are read through the stream leader).
     """
 
-    def __init__(self, js: JetStream, bucket: str, *, direct: bool = True) -> None:
+    def __init__(
+        self, js: JetStream, bucket: str, *, direct: bool = True, origin: str | None = None
+    ) -> None:
         self.js = js
         self.bucket = check_bucket_name(bucket)
         self.stream = STREAM_PREFIX + bucket
-        self.prefix = f"{SUBJECT_PREFIX}.{bucket}."
+        #: A mirror bucket (``origin``: the bucket it mirrors) stores the origin's subjects:
+        #: it is read here under those, and written to the origin through them.
+        self.prefix = f"{SUBJECT_PREFIX}.{origin or bucket}."
+        #: Where writes go (ADR-19): through a domain or an account import the ``$KV`` subject
+        #: is put behind the JetStream API prefix, which the server (the domain's mapping) or
+        #: the import maps back to ``$KV.<bucket>.<key>`` in the stream's account. Reads and
+        #: watches name the stream's own subjects, so they keep :attr:`prefix`.
+        self.write_prefix = (
+            self.prefix if js.prefix == DEFAULT_API_PREFIX else f"{js.prefix}.{self.prefix}"
+        )
         self.direct = direct
 
     def __repr__(self) -> str:
@@ -415,6 +573,49 @@ class KeyValue:
         if entry.operation is not Operation.PUT:
             raise KeyNotFound(self.bucket, key, entry)
         return entry
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
+        """The current value of each of ``keys`` that has one (a key never written, or whose
+        last entry is a delete or purge marker, is left out), by key.
+
+        One batched Direct Get (ADR-31 multi-last) per 1024 keys instead of one request per
+        key; every request after the first reads the bucket as the first found it (its
+        up-to sequence), so the values are of one moment. A bucket without Direct Get is read
+        key by key through the stream leader.
+        """
+        wanted = list(dict.fromkeys(check_key(k) for k in keys))
+        found: dict[str, Entry] = {}
+        try:
+            await self._get_many_direct(wanted, found)
+        except StreamNotFound as exc:
+            raise BucketNotFound(
+                f"bucket {self.bucket!r} does not exist (any more): create it again with "
+                "create_key_value()"
+            ) from exc
+        except JetStreamUnavailable:  # no Direct Get responder: a legacy or a fresh bucket
+            for key in wanted:
+                if key not in found:
+                    with contextlib.suppress(KeyNotFound):
+                        found[key] = await self.get(key)
+        return found
+
+    async def _get_many_direct(self, keys: list[str], found: dict[str, Entry]) -> None:
+        if not self.direct:
+            raise JetStreamUnavailable(f"bucket {self.bucket!r} has no Direct Get")
+        up_to: int | None = None
+        for start in range(0, len(keys), MAX_MULTI_SUBJECTS):
+            chunk = keys[start : start + MAX_MULTI_SUBJECTS]
+            request = MultiLastGet(subjects=[self.prefix + k for k in chunk], up_to_seq=up_to)
+            while True:
+                page = await self.js.direct_get_many(self.stream, request)
+                up_to = up_to or page.up_to_seq
+                for msg in page.messages:
+                    entry = self._stored_entry(msg.subject[len(self.prefix) :], msg)
+                    if entry.operation is Operation.PUT:
+                        found[entry.key] = entry
+                if page.complete:
+                    break
+                request = request.next_page(page)
 
     async def _load(self, key: str, revision: int | None = None) -> Entry:
         """The last entry of ``key`` (or the one at ``revision``), markers included."""
@@ -475,18 +676,7 @@ class KeyValue:
         return list(dict.fromkeys(found))
 
     async def status(self) -> KeyValueStatus:
-        info = await self.js.stream_info(self.stream)
-        cfg = info.config
-        return KeyValueStatus(
-            bucket=self.bucket,
-            values=info.state.messages,
-            history=cfg.max_msgs_per_subject or 0,
-            ttl=cfg.max_age or None,
-            bytes=info.state.bytes,
-            is_compressed=cfg.compression is Compression.S2,
-            metadata=dict(cfg.metadata or {}),
-            stream_info=info,
-        )
+        return bucket_status(self.bucket, await self.js.stream_info(self.stream))
 
     # -- writing ----------------------------------------------------------------------------------
 
@@ -497,14 +687,18 @@ class KeyValue:
         *,
         expected: int | None = None,
         headers: dict[str, str] | None = None,
+        ttl: MessageTTL | None = None,
     ) -> int:
         try:
             ack = await self.js.publish(
-                self.prefix + key,
+                self.write_prefix + key,
                 value,
                 headers=headers,
                 expected_last_subject_seq=expected,
+                ttl=ttl,
             )
+        except MessageTTLDisabled as exc:
+            raise KeyTTLDisabled(self.bucket, exc.code, exc.err_code) from exc
         except NoStreamForSubject as exc:
             raise BucketNotFound(
                 f"no stream captures the subjects of bucket {self.bucket!r}: it does not exist "
@@ -533,8 +727,12 @@ class KeyValue:
             raise ValueError(f"a revision is 0 or more, not {last_revision}")
         return await self._publish(check_key(key), value, expected=last_revision)
 
-    async def create(self, key: str, value: bytes) -> int:
+    async def create(self, key: str, value: bytes, *, ttl: MessageTTL | None = None) -> int:
         """Set ``key`` only if it has no value; its new revision.
+
+        ``ttl`` (seconds, a timedelta, a duration string or ``"never"``; ADR-48) is how long
+        this value lives, in a bucket with limit markers (:class:`KeyTTLDisabled` otherwise);
+        when it runs out the key reads as purged (a ``MaxAge`` marker).
 
         First conditional on the key having no message. If it has one and the last is a delete
         or purge marker, the key has no value: the write is retried conditional on that
@@ -549,7 +747,7 @@ class KeyValue:
         refused: WrongRevision | None = None
         for _ in range(CREATE_ATTEMPTS):
             try:
-                return await self._publish(key, value, expected=expected)
+                return await self._publish(key, value, expected=expected, ttl=ttl)
             except WrongRevision as exc:
                 refused = exc
             try:
@@ -572,16 +770,45 @@ class KeyValue:
             check_key(key), b"", expected=last_revision, headers={KV_OPERATION: "DEL"}
         )
 
-    async def purge(self, key: str, last_revision: int | None = None) -> int:
+    async def purge(
+        self, key: str, last_revision: int | None = None, *, ttl: MessageTTL | None = None
+    ) -> int:
         """Remove ``key`` and its history, leaving one ``KV-Operation: PURGE`` entry (rolled up
         with ``Nats-Rollup: sub``); the marker's revision. ``last_revision`` as for
-        :meth:`delete`."""
+        :meth:`delete`. With ``ttl`` (a bucket with limit markers, ADR-48) the marker itself
+        goes after that long, and the key leaves no trace (the server places no marker for a
+        removed marker)."""
         return await self._publish(
             check_key(key),
             b"",
             expected=last_revision,
             headers={KV_OPERATION: "PURGE", ROLLUP: "sub"},
+            ttl=ttl,
         )
+
+    async def purge_deletes(self, older_than: float = PURGE_DELETES_OLDER_THAN) -> int:
+        """Remove the delete and purge markers of the keys whose last entry is one; how many
+        such keys there were (each one purged, its young marker kept or not).
+
+        A marker younger than ``older_than`` seconds (30 minutes by default, as ADR-8's
+        clients do) stays, so that watchers that are behind still see the removal; only the
+        key's older entries go. An older marker goes with everything before it. ``0`` (or
+        less) removes every marker. Each key is purged up to its marker's revision, never past
+        it: a value written after the marker was read is kept.
+        """
+        if not older_than == older_than:
+            raise ValueError("older_than must be a number of seconds, not NaN")
+        async with self.watch() as watcher:
+            markers = [e async for e in watcher.initial() if e.operation is not Operation.PUT]
+        limit = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=max(older_than, 0.0))
+        for marker in markers:
+            keep_marker = older_than > 0 and marker.created > limit
+            await self.js.purge_stream(
+                self.stream,
+                subject=self.prefix + marker.key,
+                seq=marker.revision if keep_marker else marker.revision + 1,
+            )
+        return len(markers)
 
     # -- watching ---------------------------------------------------------------------------------
 
@@ -594,6 +821,7 @@ class KeyValue:
         ignore_deletes: bool = False,
         updates_only: bool = False,
         meta_only: bool = False,
+        resume_from_revision: int | None = None,
     ) -> AsyncIterator[KeyWatcher]:
         """Watch the keys matching ``keys`` (a key, a pattern with ``*`` / ``>``, or several;
         ``">"`` or ``""`` is the whole bucket) for the block's duration.
@@ -604,14 +832,32 @@ class KeyValue:
         ``ignore_deletes``. ``meta_only`` leaves the values out. See :class:`KeyWatcher` for
         how the end of the initial data is signalled. An ordered consumer (ADR-17) carries it,
         so a lost consumer is replaced without a gap or a repeat.
+
+        ``resume_from_revision`` picks a watch up where an earlier one left off: no pass over
+        the keys' last values; every entry from that revision on, in order, markers included.
+        The initial data is then those the bucket already holds (so ``initial()`` ends where
+        the watch has caught up). Revisions the bucket no longer holds are skipped without a
+        word: on a key, an older revision goes when a newer one (which the watch delivers)
+        pushes it out of the history, or when it expires or a purge or ``purge_deletes``
+        removes it. A revision past the bucket's last gives the writes from there on.
         """
         if include_history and updates_only:
             raise ValueError("include_history and updates_only exclude each other")
+        if resume_from_revision is not None:
+            if include_history or updates_only:
+                raise ValueError(
+                    "resume_from_revision excludes include_history and updates_only: it "
+                    "delivers every entry from that revision on"
+                )
+            if isinstance(resume_from_revision, bool) or resume_from_revision < 1:
+                raise ValueError(f"revisions start at 1, not {resume_from_revision!r}")
         patterns = [keys] if isinstance(keys, str) else list(keys)
         if not patterns:
             raise InvalidKey("give at least one key or pattern to watch")
         subjects = [self.prefix + check_key_pattern(p or ">") for p in patterns]
-        if include_history:
+        if resume_from_revision is not None:
+            policy = DeliverPolicy.BY_START_SEQUENCE
+        elif include_history:
             policy = DeliverPolicy.ALL
         elif updates_only:
             policy = DeliverPolicy.NEW
@@ -619,6 +865,7 @@ class KeyValue:
             policy = DeliverPolicy.LAST_PER_SUBJECT
         config = ConsumerConfig(
             deliver_policy=policy,
+            opt_start_seq=resume_from_revision,
             headers_only=True if meta_only else None,
             filter_subjects=subjects if len(subjects) > 1 else None,
         )

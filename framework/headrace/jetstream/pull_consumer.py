@@ -4,6 +4,11 @@
 the stream's subject, so they cannot share the request multiplexer's inbox, ADR-13), with a
 client-side time limit a little longer than the server-side ``expires`` (ADR-37).
 ``consume`` is the consume buffer actor (:mod:`headrace.jetstream.consume`).
+
+On a consumer with priority groups (ADR-42) both name a group, checked against the consumer's
+configuration before anything is sent. The handle keeps the pin id of a ``pinned_client`` group
+between calls (:attr:`PullConsumer.pin_id`), so that a fetch after a fetch, or a consume after
+one, keeps the pin the server gave; ``unpin`` asks the server to move it.
 """
 
 from __future__ import annotations
@@ -18,8 +23,21 @@ from headrace.actors.nursery import open_actor_nursery
 from headrace.errors import NatsError, NoRespondersError
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeOptions
 from headrace.jetstream.consumer_config import AckPolicy, ConsumerInfo
-from headrace.jetstream.errors import ConsumerNotFound, JetStreamError, JetStreamUnavailable
+from headrace.jetstream.errors import (
+    ConsumerNotFound,
+    JetStreamError,
+    JetStreamUnavailable,
+    PriorityGroupError,
+)
 from headrace.jetstream.message import JsMsg, OutstandingAcks, wire_size
+from headrace.jetstream.priority import (
+    DEFAULT_PRIORITY_TIMEOUT,
+    PriorityPolicy,
+    PriorityPull,
+    check_pull_fits,
+    pin_id,
+    priority_pull,
+)
 from headrace.jetstream.pull_flow import PullFlow, default_heartbeat
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, msg_next_api
 from headrace.jetstream.pull_status import pending_counts
@@ -52,6 +70,9 @@ class PullConsumer:
         self.tracker: OutstandingAcks | None = None
         #: Consume buffers running now (a pull subscription's drain drains them).
         self.active: set[ConsumeBuffer] = set()
+        #: The pin id of the consumer's ``pinned_client`` group, as the server last handed it
+        #: to this handle (``Nats-Pin-Id``); ``None`` while not pinned. Sent back by every pull.
+        self.pin_id: str | None = None
 
     def __repr__(self) -> str:
         return f"<PullConsumer {self.stream}/{self.name}>"
@@ -67,6 +88,39 @@ class PullConsumer:
     async def delete(self) -> None:
         await self.js.delete_consumer(self.stream, self.name)
 
+    async def unpin(self, group: str) -> None:
+        """Clear the pin of the ``pinned_client`` group ``group`` (ADR-42), whoever holds it:
+        the server picks a new pinned client among the group's waiting pulls."""
+        await self.js.unpin_consumer(self.stream, self.name, group)
+
+    def _check_priority(self, pull: PriorityPull | None) -> None:
+        """Refuse a pull that does not fit the consumer's priority groups, as known from its
+        last info, before it is sent (typed, as the server's 400 would be)."""
+        config = self.cached_info.config
+        check_pull_fits(
+            pull,
+            config.priority_groups,
+            config.priority_policy,
+            stream=self.stream,
+            consumer=self.name,
+        )
+
+    def _check_pin_renewed(self, expires: float) -> None:
+        """A pinned client keeps its pin only by pulling again within ``priority_timeout``; an
+        idle consume pulls again when its request expires, so that must come first."""
+        config = self.cached_info.config
+        if config.priority_policy != PriorityPolicy.PINNED_CLIENT:
+            return
+        timeout = config.priority_timeout or DEFAULT_PRIORITY_TIMEOUT
+        if expires >= timeout:
+            raise PriorityGroupError(
+                f"consume expires ({expires}s) must be shorter than the priority_timeout "
+                f"({timeout}s) of pinned_client consumer {self.name!r} on stream "
+                f"{self.stream!r}: the server drops a pin whose holder did not pull within "
+                "it, and an idle consume pulls again only when its request expires (about "
+                "half of the timeout is a good expires)"
+            )
+
     # -- fetch and next -----------------------------------------------------------------------
 
     async def fetch(
@@ -77,6 +131,10 @@ class PullConsumer:
         expires: float = DEFAULT_FETCH_EXPIRES,
         no_wait: bool = False,
         idle_heartbeat: float | None = None,
+        group: str | None = None,
+        min_pending: int | None = None,
+        min_ack_pending: int | None = None,
+        priority: int | None = None,
     ) -> list[JsMsg]:
         """One pull request: up to ``max_messages`` messages (or ``max_bytes`` bytes).
 
@@ -86,11 +144,18 @@ class PullConsumer:
         fetch. Terminal statuses raise (:class:`ConsumerDeleted`, ...) unless messages came
         first, which are then returned; a 503 raises :class:`NoRespondersError`. With
         ``max_bytes``, a next message larger than that raises :class:`MessageTooLarge`.
+
+        On a consumer with priority groups, ``group`` is required, with ``min_pending`` /
+        ``min_ack_pending`` (overflow) or ``priority`` (prioritized) as its policy allows
+        (:class:`PriorityPullRefused` otherwise). A ``pinned_client`` pull sends back the pin
+        id of :attr:`pin_id`; a 423 (the pin moved on) forgets it and returns what came.
         """
         if max_messages is None and max_bytes is None:
             max_messages = 1
         if max_messages is not None and max_bytes is not None:
             raise ValueError("give max_messages or max_bytes, not both")
+        pull = priority_pull(group, min_pending, min_ack_pending, priority)
+        self._check_priority(pull)
         if idle_heartbeat is None and expires > 30 and not no_wait:
             idle_heartbeat = default_heartbeat(expires)
         bytes_mode = max_bytes is not None
@@ -105,6 +170,8 @@ class PullConsumer:
             stream=self.stream,
             consumer=self.name,
             subject=subject,
+            priority=pull,
+            pin_id=self.pin_id,
         )
         nc = self.js.nc
         inbox = nc.new_inbox()
@@ -121,6 +188,10 @@ class PullConsumer:
                     return
                 if msg.reply is not None:
                     got.append(msg)
+                    if pull is not None and msg.raw_headers is not None:
+                        found = pin_id(msg.raw_headers, msg.headers)
+                        if found is not None:
+                            flow.pinned(found)
                     if flow.received(1, wire_size(msg) if bytes_mode else 0, now) is not None:
                         done.set()
                     continue
@@ -143,6 +214,8 @@ class PullConsumer:
         finally:
             if not nc.is_closed:
                 await sub.unsubscribe()
+        if pull is not None:
+            self.pin_id = flow.pin_id  # the one it got, or None after a 423
         error = flow.error
         if error is not None and not got:
             if isinstance(error, NoRespondersError):
@@ -168,9 +241,25 @@ class PullConsumer:
             f"{self.stream!r} although it exists: JetStream may be electing a leader; retry"
         )
 
-    async def next(self, *, expires: float = DEFAULT_FETCH_EXPIRES) -> JsMsg | None:
-        """One message, or ``None`` when none arrived before the request expired."""
-        batch = await self.fetch(1, expires=expires)
+    async def next(
+        self,
+        *,
+        expires: float = DEFAULT_FETCH_EXPIRES,
+        group: str | None = None,
+        min_pending: int | None = None,
+        min_ack_pending: int | None = None,
+        priority: int | None = None,
+    ) -> JsMsg | None:
+        """One message, or ``None`` when none arrived before the request expired (the
+        priority group settings as for :meth:`fetch`)."""
+        batch = await self.fetch(
+            1,
+            expires=expires,
+            group=group,
+            min_pending=min_pending,
+            min_ack_pending=min_ack_pending,
+            priority=priority,
+        )
         return batch[0] if batch else None
 
     @property
@@ -193,6 +282,8 @@ class PullConsumer:
         opts = options if options is not None else ConsumeOptions(**kwargs)
         if options is not None and kwargs:
             raise TypeError("give options=ConsumeOptions(...) or keyword options, not both")
+        self._check_priority(opts.priority_pull)
+        self._check_pin_renewed(opts.expires)
         buffer = ConsumeBuffer(self, opts)
         async with open_actor_nursery() as nursery:
             await buffer.start(nursery)

@@ -11,8 +11,13 @@ as an explicit ``now``, and does what it answers.
   :meth:`~PullFlow.timer` answer a :data:`Decision`: :class:`Pull` (call ``pull`` now),
   :class:`Warn` (tell the user; no request before the retry time), :class:`Alarm` (heartbeats
   missed; counts reset, pull now), :class:`CheckConsumer` (after a 503: ask whether the consumer
-  still exists, then pull), :class:`Ended` (no more requests; the error, if any, is the end),
-  or ``None``.
+  still exists, then pull), :class:`Unpinned` (a 423 refused the pin id this flow held: it is
+  forgotten; tell the user, pull without it), :class:`Ended` (no more requests; the error, if
+  any, is the end), or ``None``.
+
+On a consumer with priority groups (ADR-42) every request names the flow's ``priority``
+(group, thresholds, priority) and, once the driver reported a ``Nats-Pin-Id`` with
+:meth:`~PullFlow.pinned`, that pin ``id``, until a 423 says the pin moved on.
 
 Two drivers share it: the consume buffer (:mod:`headrace.jetstream.consume`, ``refill=True``:
 it pulls again each time the user takes it below the threshold) and ``fetch``/``next``
@@ -32,6 +37,7 @@ import attrs
 
 from headrace.errors import NoRespondersError
 from headrace.jetstream.errors import MessageTooLarge
+from headrace.jetstream.priority import PriorityPull
 from headrace.jetstream.pull_request import BYTES_MODE_BATCH, PullRequest
 from headrace.jetstream.pull_status import StatusKind, classify, status_error
 
@@ -79,13 +85,24 @@ class CheckConsumer:
 
 
 @attrs.frozen(slots=True)
+class Unpinned:
+    """A 423 refused the pin id the flow held (``description``: ``Nats-Pin-Id mismatch`` or
+    ``Nats-Wrong-Pin-Id``): another client holds the group's pin now. The id is forgotten and
+    the pending counts reset (every request that carried it is refused); tell the user, then
+    pull, without an id, as a standby (ADR-42)."""
+
+    pin_id: str
+    description: str
+
+
+@attrs.frozen(slots=True)
 class Ended:
     """The flow is over: no more requests. ``error`` ends it (``None``: a quiet end)."""
 
     error: BaseException | None
 
 
-Decision = Pull | Warn | Alarm | CheckConsumer | Ended | None
+Decision = Pull | Warn | Alarm | CheckConsumer | Unpinned | Ended | None
 
 PULL = Pull()
 CHECK_CONSUMER = CheckConsumer()
@@ -118,6 +135,8 @@ class PullFlow:
         "no_wait",
         "pending_bytes",
         "pending_msgs",
+        "pin_id",
+        "priority",
         "pulling",
         "refill",
         "requests_sent",
@@ -141,6 +160,8 @@ class PullFlow:
         stream: str,
         consumer: str,
         subject: str,
+        priority: PriorityPull | None = None,
+        pin_id: str | None = None,
     ) -> None:
         if batch < 1 or (max_bytes is not None and max_bytes < 1):
             raise ValueError("batch and max_bytes must be at least 1")
@@ -158,6 +179,10 @@ class PullFlow:
         self.stream = stream
         self.consumer = consumer
         self.subject = subject
+        #: The priority group every request names (ADR-42), if the consumer has groups.
+        self.priority = priority
+        #: The pin id the server last handed out (``Nats-Pin-Id``), sent back in each request.
+        self.pin_id = pin_id if priority is not None else None
         #: Messages (or bytes, in bytes mode) requested and not yet taken.
         self.pending_msgs = 0
         self.pending_bytes = 0
@@ -220,6 +245,8 @@ class PullFlow:
                 expires=self.expires,
                 no_wait=self.no_wait,
                 idle_heartbeat=self.heartbeat,
+                priority=self.priority,
+                id=self.pin_id,
             )
             self.pending_bytes += want
         else:
@@ -233,6 +260,8 @@ class PullFlow:
                 expires=self.expires,
                 no_wait=self.no_wait,
                 idle_heartbeat=self.heartbeat,
+                priority=self.priority,
+                id=self.pin_id,
             )
             self.pending_msgs += want
         if not owed:
@@ -281,6 +310,14 @@ class PullFlow:
         else:
             self.pending_msgs -= count
 
+    def pinned(self, pin_id: str) -> bool:
+        """A delivered message carried ``Nats-Pin-Id``: send it back from now on. Returns
+        whether it is new (the client just became the group's pinned one)."""
+        if self.priority is None or pin_id == self.pin_id:
+            return False
+        self.pin_id = pin_id
+        return True
+
     def dropped(self) -> None:
         """The driver dropped every buffered message (they will come back after ack_wait)."""
         self.buffered_msgs = 0
@@ -294,6 +331,9 @@ class PullFlow:
         kind = classify(code, description)
         if kind is StatusKind.HEARTBEAT or self.ended:
             return None
+        lost_pin = self.pin_id if code == 423 else None
+        if lost_pin is not None:
+            self.pin_id = None  # ADR-42: forget it; pull without an id from now on
         if not self.refill:
             return self._fetch_status(kind, code, description)
         # What the request had left: the header, or (older servers) all that was outstanding.
@@ -302,6 +342,11 @@ class PullFlow:
         self.pending_bytes = max(self.pending_bytes - gone_bytes, self.buffered_bytes)
         if kind is StatusKind.ERROR:
             return self._end(status_error(code, description))
+        if lost_pin is not None:
+            # Every request that carried the old id is refused, and the "Nats-Pin-Id mismatch"
+            # form says not how much was left: count only what is held, pull again at once.
+            self.reset_pending()
+            return Unpinned(lost_pin, description)
         if kind is StatusKind.TOO_LARGE and self.max_bytes is not None:
             # The next message is larger than ``refused``: ask again only for more than that;
             # if even the whole max_bytes was refused, it can never be pulled with this limit.

@@ -9,12 +9,15 @@ from __future__ import annotations
 import enum
 
 from headrace.jetstream.errors import ConsumerDeleted, ConsumerIsPushBased, PullStatusError
+from headrace.jetstream.priority import refusal_error
 from headrace.protocol.events import Msg
 
 
 class StatusKind(enum.Enum):
     HEARTBEAT = "heartbeat"  # 100: alive, nothing else
-    FINISHED = "finished"  # the request ended quietly (404, 408, 423, 409 Batch Completed)
+    # The request ended quietly (404, 408, 409 Batch Completed; 423: the pin id it carried is
+    # not, or no longer, the group's pin, ADR-42, which the pull flow forgets).
+    FINISHED = "finished"
     TOO_LARGE = "too large"  # 409 Message Size Exceeds MaxBytes: the next message did not fit
     WARNING = "warning"  # the request ended; tell the user (409 Exceeded Max*, Server Shutdown)
     NO_RESPONDERS = "no responders"  # 503: nothing serves the pull API right now
@@ -69,6 +72,10 @@ def status_error(status: int, description: str) -> PullStatusError:
             "the consumer is push based: subscribe to it instead of pulling (409)",
         )
     if status == 400:
+        # A pull that does not fit the consumer's priority groups has its own classes.
+        refused = refusal_error(status, description)
+        if refused is not None:
+            return refused
         return PullStatusError(status, description, f"the server refused the pull: {description}")
     return PullStatusError(status, description, f"unknown pull status {status} {description!r}")
 

@@ -11,12 +11,18 @@ from headrace.jetstream.codec import jfield
 
 @attrs.define(kw_only=True)
 class PubAck:
-    """The stream's answer to a JetStream publish."""
+    """The stream's answer to a JetStream publish.
+
+    The answer to the commit of an atomic batch (ADR-50) also has ``batch`` (the batch id) and
+    ``count`` (how many messages the batch stored); ``seq`` is then the last one's sequence,
+    the others are the ``count - 1`` just before it."""
 
     stream: str = jfield()
     seq: int = jfield()
     duplicate: bool = jfield(default=False)
     domain: str | None = jfield()
+    batch: str | None = jfield()
+    count: int | None = jfield()
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
 

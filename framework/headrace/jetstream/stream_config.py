@@ -12,7 +12,9 @@ from typing import Any
 
 import attrs
 
+from headrace.jetstream import config_checks as check
 from headrace.jetstream.codec import DURATION, TIME, jfield
+from headrace.jetstream.errors import InvalidConfigValue
 from headrace.jetstream.names import check_stream
 
 
@@ -37,14 +39,76 @@ class Compression(enum.StrEnum):
     S2 = "s2"
 
 
+class PersistMode(enum.StrEnum):
+    """When a stored message is flushed to disk (nats-server 2.12+). ``ASYNC`` acknowledges a
+    publish before the flush: faster, and a hard kill of the server can lose what was acked."""
+
+    DEFAULT = "default"
+    ASYNC = "async"
+
+
 def _check_stream_name(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
     check_stream(attr.name, value)
 
 
+def _check_placement(_inst: object, attr: attrs.Attribute[Any], value: Placement | None) -> None:
+    if value is not None and value.preferred:
+        raise InvalidConfigValue(
+            attr.name,
+            "preferred is for a leader step-down request; nats-server refuses it in a stream "
+            "config (10052, 'preferred server not permitted in placement')",
+        )
+
+
 @attrs.define(kw_only=True)
 class Placement:
+    """Where a stream's replicas go: a cluster and servers carrying all ``tags``.
+    ``preferred`` (nats-server 2.11+) names a server to lead; the server takes it only in a
+    leader step-down request and refuses it in a stream config, so ``StreamConfig`` does too."""
+
     cluster: str | None = jfield()
     tags: list[str] | None = jfield()
+    preferred: str | None = jfield()
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
+
+
+@attrs.define(kw_only=True)
+class SubjectTransformConfig:
+    """A subject mapping: messages on ``src`` (a filter; empty means all) are stored, or
+    sourced, under ``dest``, which may use the server's mapping functions."""
+
+    src: str = jfield(default="", validator=check.subject_filter)
+    dest: str = jfield(default="", validator=check.destination)
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
+
+
+@attrs.define(kw_only=True)
+class ExternalStream:
+    """A source or mirror in another account or JetStream domain, reached through its API
+    prefix (``api``, e.g. ``$JS.hub.API``) with deliveries on the ``deliver`` prefix."""
+
+    api: str = jfield(validator=check.destination)
+    deliver: str | None = jfield()
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
+
+
+@attrs.define(kw_only=True)
+class StreamConsumerSource:
+    """nats-server 2.14+: a durable consumer the server uses (and keeps) on the origin to
+    source or mirror through, delivering on ``deliver_subject`` (a literal subject)."""
+
+    name: str | None = jfield()
+    deliver_subject: str | None = jfield(validator=check.subject_filter)
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
+
+
+@attrs.define(kw_only=True)
+class StreamConsumerLimits:
+    """Defaults and ceilings for the stream's consumers: a consumer that sets none gets these,
+    and the server refuses one that asks for more."""
+
+    inactive_threshold: float | None = jfield(kind=DURATION, validator=check.duration)
+    max_ack_pending: int | None = jfield(validator=check.limit)
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
 
@@ -56,13 +120,22 @@ class StreamSource:
     opt_start_seq: int | None = jfield()
     opt_start_time: dt.datetime | None = jfield(kind=TIME)
     filter_subject: str | None = jfield()
+    #: Instead of ``filter_subject``: which subjects to take, each stored under its ``dest``.
+    subject_transforms: list[SubjectTransformConfig] | None = jfield(
+        kind=SubjectTransformConfig, many=True
+    )
+    external: ExternalStream | None = jfield(kind=ExternalStream)
+    consumer: StreamConsumerSource | None = jfield(kind=StreamConsumerSource)
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
 
 @attrs.define(kw_only=True)
 class RePublish:
-    src: str | None = jfield()
-    dest: str = jfield()
+    """After a message is stored, the server publishes it again on ``dest`` (with its stream
+    sequence in headers); ``headers_only`` leaves the payload out."""
+
+    src: str | None = jfield(validator=check.subject_filter)
+    dest: str = jfield(default="", validator=check.destination)
     headers_only: bool | None = jfield()
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
@@ -75,18 +148,18 @@ class StreamConfig:
     description: str | None = jfield()
     subjects: list[str] | None = jfield()
     retention: RetentionPolicy | None = jfield(kind=RetentionPolicy)
-    max_consumers: int | None = jfield()
-    max_msgs: int | None = jfield()
-    max_bytes: int | None = jfield()
-    max_age: float | None = jfield(kind=DURATION)
-    max_msgs_per_subject: int | None = jfield()
-    max_msg_size: int | None = jfield()
+    max_consumers: int | None = jfield(validator=check.limit)
+    max_msgs: int | None = jfield(validator=check.limit)
+    max_bytes: int | None = jfield(validator=check.limit)
+    max_age: float | None = jfield(kind=DURATION, validator=check.duration)
+    max_msgs_per_subject: int | None = jfield(validator=check.limit)
+    max_msg_size: int | None = jfield(validator=check.limit)
     discard: DiscardPolicy | None = jfield(kind=DiscardPolicy)
     storage: StorageType | None = jfield(kind=StorageType)
-    num_replicas: int | None = jfield()
+    num_replicas: int | None = jfield(validator=check.replicas)
     no_ack: bool | None = jfield()
-    duplicate_window: float | None = jfield(kind=DURATION)
-    placement: Placement | None = jfield(kind=Placement)
+    duplicate_window: float | None = jfield(kind=DURATION, validator=check.duration)
+    placement: Placement | None = jfield(kind=Placement, validator=_check_placement)
     mirror: StreamSource | None = jfield(kind=StreamSource)
     sources: list[StreamSource] | None = jfield(kind=StreamSource, many=True)
     sealed: bool | None = jfield()
@@ -98,10 +171,25 @@ class StreamConfig:
     republish: RePublish | None = jfield(kind=RePublish)
     discard_new_per_subject: bool | None = jfield()
     compression: Compression | None = jfield(kind=Compression)
-    first_seq: int | None = jfield()
+    first_seq: int | None = jfield(validator=check.non_negative)
     allow_msg_ttl: bool | None = jfield()
-    subject_delete_marker_ttl: float | None = jfield(kind=DURATION)
-    metadata: dict[str, str] | None = jfield()
+    #: ADR-50 (nats-server 2.12+): accept atomic batch publishes (:class:`AtomicBatch`). A
+    #: mirror cannot have it; a stream update may turn it on and off.
+    allow_atomic: bool | None = jfield()
+    subject_delete_marker_ttl: float | None = jfield(kind=DURATION, validator=check.duration)
+    #: nats-server 2.12+: counter streams (``Nats-Incr``), scheduled messages, the flush mode.
+    allow_msg_counter: bool | None = jfield()
+    allow_msg_schedules: bool | None = jfield()
+    persist_mode: PersistMode | None = jfield(kind=PersistMode)
+    #: nats-server 2.14+: fast (non-atomic) batch publishing.
+    allow_batched: bool | None = jfield()
+    #: Applied to every subject a message arrives on, before it is stored.
+    subject_transform: SubjectTransformConfig | None = jfield(kind=SubjectTransformConfig)
+    consumer_limits: StreamConsumerLimits | None = jfield(kind=StreamConsumerLimits)
+    #: User metadata. The server adds ``_nats.*`` keys (required API level, its version) to
+    #: what it answers and recomputes them on every create and update, so sending them back
+    #: is harmless and changing them has no effect.
+    metadata: dict[str, str] | None = jfield(validator=check.text_map)
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
 

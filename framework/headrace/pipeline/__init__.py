@@ -26,6 +26,7 @@ tracker's counts but the tracker.
 from headrace.pipeline.ack_tracker import AckTracker, PoisonTerminated
 from headrace.pipeline.batch import Batch, BatchPolicy
 from headrace.pipeline.caught_up import CatchUpMark, CatchUpTimeout, NotCaughtUp
+from headrace.pipeline.errors import PipelineEnded
 from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
 from headrace.pipeline.graph import Node, Pipeline, PipelineError, run_until_caught_up
 from headrace.pipeline.publish_guard import DeadLetterRefused
@@ -49,6 +50,7 @@ __all__ = [
     "Node",
     "NotCaughtUp",
     "Pipeline",
+    "PipelineEnded",
     "PipelineError",
     "PipelineRun",
     "PipelineStats",

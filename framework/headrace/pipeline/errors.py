@@ -13,3 +13,8 @@ from headrace.errors import HeadraceError
 
 class PipelineError(HeadraceError, ValueError):
     """A pipeline graph that cannot run; the message names the node."""
+
+
+class PipelineEnded(HeadraceError):
+    """The run finished (drained, stopped or failed) before a call on its sources could reach
+    them: a :meth:`PipelineRun.pause` or ``resume`` of a run that is over."""

@@ -19,7 +19,7 @@ so graph.py is above this module.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ from headrace.actors.actor import Actor
 from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, supervise
 from headrace.jetstream.consumer_config import ConsumerInfo
 from headrace.jetstream.context import JetStream
+from headrace.jetstream.pause import ConsumerPause, PauseUntil, pause_deadline
 from headrace.jetstream.transient import retry_transient
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT, AckTracker
 from headrace.pipeline.caught_up import (
@@ -45,6 +46,7 @@ from headrace.pipeline.caught_up import (
     reached,
 )
 from headrace.pipeline.describe import mermaid
+from headrace.pipeline.errors import PipelineEnded
 from headrace.pipeline.publish_guard import PublishGuard
 from headrace.pipeline.sink import SinkContext
 from headrace.pipeline.sink_retry import SinkOutage
@@ -280,6 +282,42 @@ class PipelineRun:
     async def wait_finished(self) -> None:
         """Wait until the pipeline has drained and stopped (it runs until asked to)."""
         await self._finished.wait()
+
+    # -- pause and resume (nats-server 2.11+, jetstream/pause.py) ----------------------------
+
+    async def pause(self, until: PauseUntil | None = None) -> dict[str, ConsumerPause]:
+        """Pause the consumer of every source until ``until`` (an aware datetime, a timedelta
+        or seconds from now; ``None``: until :meth:`resume`). The server stops delivering;
+        the run keeps running, its sources wait with their pulls open and heartbeats keep
+        coming, so nothing is declared dead and nothing is lost: what was taken before is
+        still committed and acked. The pause is the consumer's, not this run's: every copy
+        of the pipeline on a shared durable pauses with it, and it outlasts this run.
+
+        Waits until every source is bound; returns the server's answer per source name.
+        """
+        deadline = pause_deadline(until)  # one time for all, refused before anything is sent
+        return await self._each_consumer(
+            lambda stream, name: self.js.pause_consumer(stream, name, deadline)
+        )
+
+    async def resume(self) -> dict[str, ConsumerPause]:
+        """Resume the consumer of every source (harmless on one not paused): the pulls that
+        waited are served. Returns the server's answer per source name."""
+        return await self._each_consumer(self.js.resume_consumer)
+
+    async def _each_consumer(
+        self, call: Callable[[str, str], Awaitable[ConsumerPause]]
+    ) -> dict[str, ConsumerPause]:
+        answers: dict[str, ConsumerPause] = {}
+        for source in self.sources:
+            await either(source.bound, self._finished)
+            spec = source.node.source
+            if self._finished.is_set() or spec is None or source.consumer_name is None:
+                raise PipelineEnded(
+                    f"pipeline {self.pipeline.name!r} ended before its sources were bound"
+                )
+            answers[source.node.name] = await call(spec.stream, source.consumer_name)
+        return answers
 
     # -- caught up (caught_up.py) -----------------------------------------------------------
 

@@ -195,7 +195,7 @@ class SourceStage(Stage):
                 delete_policy=spec.delete_policy,
             ) as sub:
                 self.subscription = sub
-                async with sub.consume(spec.consume) as messages:
+                async with sub.consume(spec.consume_options()) as messages:
                     self.buffer = messages
                     self.run_.bound(self, sub.consumer.cached_info)
                     await self._pump(messages, tracker)
