@@ -17,6 +17,7 @@ from headrace.jetstream import (
     InvalidKey,
     JetStream,
     KeyValueConfig,
+    PathKeyCodec,
     Placement,
     RePublish,
     StreamConfig,
@@ -193,6 +194,37 @@ async def test_codec_bucket(nats_server, natspy):
         assert await kv.keys("users.>") == ["users.ann smith"]
         await kv.delete("users.ann smith")
         assert await kv.keys() == []
+
+
+async def test_path_key_codec(nats_server, natspy):
+    """Path keys on a real bucket: stored as dotted keys (what nats-py lists), read, listed by
+    a path pattern and watched as paths; keys that would not read back as written refused."""
+    await natspy.connect(nats_server.url)
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        kv = CodecKeyValue(
+            kv=await create_key_value(js, KeyValueConfig(bucket="PATHS")),
+            keys_codec=PathKeyCodec(),
+        )
+        async with kv.watch("/orders/>") as watch:
+            await kv.put("/orders/eu/1", b"a")
+            await kv.put("/stock/eu", b"s")
+            await kv.put("/orders/us/2/", b"b")  # a trailing '/' is dropped
+            with trio.fail_after(TIMEOUT):
+                seen = [await anext(watch), await anext(watch)]
+        assert [(e.key, e.value) for e in seen] == [("/orders/eu/1", b"a"), ("/orders/us/2", b"b")]
+        assert (await kv.get("/orders/eu/1")).value == b"a"
+        assert sorted(await kv.keys("/orders/*/*")) == ["/orders/eu/1", "/orders/us/2"]
+        natspy_kv = await natspy.call(natspy.nc.jetstream().key_value, "PATHS")
+        assert sorted(await natspy.call(natspy_kv.keys)) == [
+            "orders.eu.1",
+            "orders.us.2",
+            "stock.eu",
+        ]
+        for bad in ("orders/eu", "/a.b", "/a//b", "/", ""):
+            with pytest.raises(InvalidKey):
+                await kv.put(bad, b"x")
+        assert len(await kv.keys()) == 3  # nothing written by a refused key
 
 
 # -- mirror buckets (ADR-8) -----------------------------------------------------------------------

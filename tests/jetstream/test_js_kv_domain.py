@@ -17,6 +17,7 @@ import pytest
 import trio
 from headrace.errors import NoRespondersError, RequestTimeout
 from headrace.jetstream import (
+    ExternalStream,
     JetStream,
     JetStreamUnavailable,
     KeyExists,
@@ -24,6 +25,7 @@ from headrace.jetstream import (
     KeyValue,
     KeyValueConfig,
     KeyValueOperation,
+    StreamSource,
     WrongRevision,
     create_key_value,
     key_value,
@@ -123,6 +125,56 @@ async def test_a_bucket_in_the_hub_domain_from_a_leafnode(
         assert (await again.get("cfg.url")).value == b"c"
 
     await _natspy_reads(natspy, hub.url, "remote", expected)
+
+
+async def test_a_mirror_of_a_bucket_in_another_domain_writes_to_the_origin(
+    nats_server_factory: Any, natspy: Any, tmp_path: Any
+) -> None:
+    """The origin in the hub, its mirror in the leafnode's own domain: reads come from the
+    mirror, writes go through the mirror's ``external.api`` to the origin (and come back)."""
+    leaf_port = free_port("127.0.0.1")
+    hub = nats_server_factory(
+        jetstream=False,
+        extra_config=(
+            f"jetstream {{ domain: hub, store_dir: {json.dumps(str(tmp_path / 'hub'))} }}\n"
+            f"leafnodes {{ listen: 127.0.0.1:{leaf_port} }}"
+        ),
+    )
+    leaf = nats_server_factory(
+        jetstream=False,
+        extra_config=(
+            f"jetstream {{ domain: leaf, store_dir: {json.dumps(str(tmp_path / 'leaf'))} }}\n"
+            f'leafnodes {{ remotes: [ {{ url: "nats://127.0.0.1:{leaf_port}" }} ] }}'
+        ),
+    )
+    hub.wait_for_log("JetStream using domains", 15)
+    leaf.wait_for_log("JetStream using domains", 15)
+
+    async with connect(leaf.url) as nc:
+        hub_js, own_js = JetStream(nc, domain="hub"), JetStream(nc)
+        await _until_answered(hub_js)
+        origin = await create_key_value(hub_js, KeyValueConfig(bucket="orig", history=3))
+        await origin.put("cfg.a", b"1")
+        source = StreamSource(name="orig", external=ExternalStream(api="$JS.hub.API"))
+        copy = await create_key_value(own_js, KeyValueConfig(bucket="copy", mirror=source))
+        assert copy.write_prefix == "$JS.hub.API.$KV.orig."
+        with trio.fail_after(15):
+            while True:  # the mirror catching up with what the origin held
+                try:
+                    assert (await copy.get("cfg.a")).value == b"1"
+                    break
+                except KeyNotFound:
+                    await trio.sleep(0.05)  # pacing the reads, not waiting for a condition
+        async with copy.watch("cfg.b") as watcher:
+            revision = await copy.put("cfg.b", b"2")  # into the hub's origin
+            with trio.fail_after(15):
+                seen = await anext(watcher)  # and back through the mirror
+        assert (seen.key, seen.value, seen.revision) == ("cfg.b", b"2", revision)
+        assert (await origin.get("cfg.b")).revision == revision
+        bound = await key_value(own_js, "copy")  # bound anew, as another process would
+        assert bound.write_prefix == copy.write_prefix
+
+    await _natspy_reads(natspy, hub.url, "orig", {"cfg.a": b"1", "cfg.b": b"2"})
 
 
 def _import_config(store: str) -> str:

@@ -123,6 +123,7 @@ from headrace.jetstream.kv_codecs import (
     CodecKeyValue,
     KeyCodec,
     NoOpCodec,
+    PathKeyCodec,
     ValueCodec,
 )
 from headrace.jetstream.kv_update import (
@@ -251,6 +252,7 @@ __all__ = [
     "NoStreamForSubject",
     "NotAJetStreamMessage",
     "OrderedSubscription",
+    "PathKeyCodec",
     "PersistMode",
     "PinGained",
     "PinLost",

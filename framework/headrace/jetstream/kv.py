@@ -31,7 +31,8 @@ Through a JetStream domain or an account import's API prefix, writes go to
 ``<prefix>.$KV.<bucket>.<key>`` (ADR-19); reads and watches go through the API prefix like
 every other request.
 
-Not supported here (ADR-8 extensions): sources and mirrors (ADR-57), republish, placement.
+A mirror bucket (``KeyValueConfig.mirror``) is read through the mirror and written to the
+origin, through the mirror's ``external.api`` when the origin is in another domain or account.
 """
 
 from __future__ import annotations
@@ -477,13 +478,27 @@ async def create_key_value(js: JetStream, config: KeyValueConfig) -> KeyValue:
             f"bucket {config.bucket!r} exists with another configuration: bind to it with "
             "key_value(), or delete it first"
         ) from exc
-    return KeyValue(js, config.bucket, direct=bool(info.config.allow_direct), origin=_origin(info))
+    return KeyValue(
+        js,
+        config.bucket,
+        direct=bool(info.config.allow_direct),
+        origin=_origin(info),
+        origin_api=_origin_api(info),
+    )
 
 
 def _origin(info: StreamInfo) -> str | None:
     """The bucket a mirror bucket mirrors (its keys keep that bucket's subjects), else None."""
     mirror = info.config.mirror
     return mirror.name.removeprefix(STREAM_PREFIX) if mirror else None
+
+
+def _origin_api(info: StreamInfo) -> str | None:
+    """The API prefix of a mirrored bucket in another domain or account (the mirror's
+    ``external.api``, e.g. ``$JS.hub.API``), where writes through the mirror go; else None."""
+    mirror = info.config.mirror
+    external = mirror.external if mirror else None
+    return external.api if external is not None else None
 
 
 async def check_limit_markers(js: JetStream, config: KeyValueConfig) -> None:
@@ -517,7 +532,13 @@ async def key_value(js: JetStream, bucket: str) -> KeyValue:
             f"stream {stream!r} is not a Key-Value bucket (it has no max_msgs_per_subject); "
             "use another bucket name"
         )
-    return KeyValue(js, bucket, direct=bool(info.config.allow_direct), origin=_origin(info))
+    return KeyValue(
+        js,
+        bucket,
+        direct=bool(info.config.allow_direct),
+        origin=_origin(info),
+        origin_api=_origin_api(info),
+    )
 
 
 async def delete_key_value(js: JetStream, bucket: str) -> None:
@@ -540,7 +561,13 @@ class KeyValue:
     """
 
     def __init__(
-        self, js: JetStream, bucket: str, *, direct: bool = True, origin: str | None = None
+        self,
+        js: JetStream,
+        bucket: str,
+        *,
+        direct: bool = True,
+        origin: str | None = None,
+        origin_api: str | None = None,
     ) -> None:
         self.js = js
         self.bucket = check_bucket_name(bucket)
@@ -555,6 +582,10 @@ class KeyValue:
         self.write_prefix = (
             self.prefix if js.prefix == DEFAULT_API_PREFIX else f"{js.prefix}.{self.prefix}"
         )
+        if origin_api is not None:
+            # A mirror of a bucket in another domain or account (its mirror's ``external``):
+            # writes go to the origin through that API prefix, whatever this context's is.
+            self.write_prefix = f"{origin_api}.{self.prefix}"
         self.direct = direct
 
     def __repr__(self) -> str:

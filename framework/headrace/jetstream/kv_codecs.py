@@ -74,6 +74,38 @@ class Base64KeyCodec:
             raise InvalidKey(f"key token {token!r} is not base64 text: {exc}") from None
 
 
+@attrs.frozen
+class PathKeyCodec:
+    """Keys written as paths (ADR-54's path codec): ``/orders/eu/1`` is stored as the key
+    ``orders.eu.1`` and read back as ``/orders/eu/1``; a pattern such as ``/orders/*`` or
+    ``/orders/>`` matches as its stored form does. A key must start with ``/`` (so that what is
+    read back is what was written), must not hold ``.`` (it would read back as ``/``) nor an
+    empty segment; a trailing ``/`` is dropped. Each segment is kept as it is, so it must
+    still be a valid key token."""
+
+    def encode_token(self, token: str) -> str:
+        return token
+
+    def decode_token(self, token: str) -> str:
+        return token
+
+    def split_key(self, key: str) -> list[str]:
+        """The application key's tokens (its path segments); ``>`` or ``*`` alone (every key,
+        every one-segment key) is a pattern as it is."""
+        if key in _WILDCARDS:
+            return [key]
+        if not key.startswith("/") or "." in key:
+            raise InvalidKey(f"a path key starts with '/' and holds no '.': {key!r}")
+        segments = key[1:].removesuffix("/").split("/")
+        if not all(segments):
+            raise InvalidKey(f"a path key has no empty segment: {key!r}")
+        return segments
+
+    def join_key(self, tokens: list[str]) -> str:
+        """The application key of a stored key's tokens."""
+        return "/" + "/".join(tokens)
+
+
 def _map_key(key: str, token: Any, *, pattern: bool) -> str:
     if not key:
         raise InvalidKey("a key must not be empty")
@@ -91,13 +123,21 @@ class CodecKeyValue:
     values_codec: ValueCodec = attrs.field(factory=NoOpCodec)
 
     def encode_key(self, key: str) -> str:
-        return _map_key(key, self.keys_codec.encode_token, pattern=False)
+        return _map_key(self._stored_form(key), self.keys_codec.encode_token, pattern=False)
 
     def encode_pattern(self, pattern: str) -> str:
-        return _map_key(pattern, self.keys_codec.encode_token, pattern=True)
+        return _map_key(self._stored_form(pattern), self.keys_codec.encode_token, pattern=True)
 
     def decode_key(self, key: str) -> str:
-        return _map_key(key, self.keys_codec.decode_token, pattern=False)
+        decoded = _map_key(key, self.keys_codec.decode_token, pattern=False)
+        join = getattr(self.keys_codec, "join_key", None)
+        return decoded if join is None else str(join(decoded.split(".")))
+
+    def _stored_form(self, key: str) -> str:
+        """``key`` with ``.`` between its tokens: a codec that splits keys its own way (a
+        path codec's ``/``) says where they are."""
+        split = getattr(self.keys_codec, "split_key", None)
+        return key if split is None else ".".join(split(key))
 
     def _decoded(self, entry: Entry) -> Entry:
         value = entry.value
