@@ -108,4 +108,5 @@ def test_bench_pipeline_runs_and_says_where_the_time_went() -> None:
     for line in lines:
         assert "error" not in line, line
         assert line["msgs"] == line["expected"] == 3000
-        assert line["client_cpu_s_per_100k"] > 0 and line["server_cpu_s_per_100k"] > 0, line
+        # nats-server's CPU is read in clock ticks (10 ms): a short run may show none of it
+        assert line["client_cpu_s_per_100k"] > 0 and line["server_cpu_s_per_100k"] >= 0, line
