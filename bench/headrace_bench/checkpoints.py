@@ -14,6 +14,12 @@ for real work that waits on I/O: it sleeps ``--handler-ms`` (1 ms by default).
 
 Each runs in its own process (peak RSS its own); the clock runs from the first read to the
 last event handled. Printed: events/s, seconds, peak RSS, and headrace's ratio.
+
+After its run, headrace's process also measures what matters with many idle entities
+(``--entities 10000``): the latency of a new event to an idle entity (published, then
+handled: ``LATENCY_EVENTS`` of them one at a time, p50 and p99), the CPU the idle host and the
+server use (over ``IDLE_SECONDS``, as % of one core), and how long ``headrace checkpoints
+list`` takes on the group (the command run as a user would, Python's start included).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -37,6 +44,8 @@ from headrace_bench.consume import (
 )
 
 IMPLS = ("headrace-checkpoints", "nats-py-serial")
+LATENCY_EVENTS = 50
+IDLE_SECONDS = 5.0
 STREAM = "EVENTS"
 ENTITIES = 200
 HANDLER_MS = 1.0
@@ -56,7 +65,9 @@ async def _load(url: str, n: int, entities: int) -> None:
             raise BenchmarkError(f"loading failed: {load.refused} publishes refused")
 
 
-async def _run_headrace(url: str, n: int, handler_ms: float) -> dict[str, Any]:
+async def _run_headrace(
+    url: str, n: int, handler_ms: float, entities: int = ENTITIES, server_pid: int | None = None
+) -> dict[str, Any]:
     from headrace.checkpoints import (
         CheckpointStore,
         CheckpointWorkers,
@@ -71,6 +82,7 @@ async def _run_headrace(url: str, n: int, handler_ms: float) -> dict[str, Any]:
     handled = 0
     done = trio.Event()
     pause = handler_ms / 1000
+    awaited: dict[str, trio.Event] = {}  # the latency probe's events, by subject
 
     async def handle(msg: Any) -> None:
         nonlocal handled
@@ -78,6 +90,8 @@ async def _run_headrace(url: str, n: int, handler_ms: float) -> dict[str, Any]:
         handled += 1
         if handled >= n:
             done.set()
+        if msg.subject in awaited:
+            awaited[msg.subject].set()
 
     group = SubscriptionGroup(
         name="bench",
@@ -86,8 +100,8 @@ async def _run_headrace(url: str, n: int, handler_ms: float) -> dict[str, Any]:
     async with connect(url) as nc:
         js = JetStream(nc)
         store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="bench")))
-        workers = CheckpointWorkers(js, STREAM, group, store, poll_interval=0.05)
-        started = time.perf_counter()
+        workers = CheckpointWorkers(js, STREAM, group, store)
+        started, cpu = time.perf_counter(), time.process_time()
         async with trio.open_nursery() as nursery:
             await nursery.start(GlobalConsumer(js, STREAM, group, store, max_wait=0.05).run)
             await nursery.start(workers.run)
@@ -97,12 +111,82 @@ async def _run_headrace(url: str, n: int, handler_ms: float) -> dict[str, Any]:
                 while await _behind(store):  # noqa: ASYNC110 - KV state, no event to wait on
                     await trio.sleep(0.01)
             elapsed = time.perf_counter() - started
+            busy_cpu = round(100 * (time.process_time() - cpu) / elapsed, 1)
+            behind = await _behind(store)
+            ok = handled == n and not behind
+            problems = [] if handled == n else [f"handled {handled} events, not {n}"]
+            idle = await _idle_cpu(server_pid) if ok else {}
+            latency = await _latency(js, entities, awaited) if ok else {}
             nursery.cancel_scope.cancel()
-        behind = await _behind(store)
-    problems = [] if handled == n else [f"handled {handled} events, not {n}"]
+        listing = await _list_seconds(url) if ok else {}
     if behind:
         problems.append(f"{len(behind)} checkpoints not at their version")
-    return _result("headrace-checkpoints", n, elapsed, problems, concurrency=workers.concurrency)
+    return _result(
+        "headrace-checkpoints",
+        n,
+        elapsed,
+        problems,
+        concurrency=workers.concurrency,
+        run_host_cpu_pct=busy_cpu,
+        **idle,
+        **latency,
+        **listing,
+    )
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid``, from /proc (None if unknown)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _idle_cpu(server_pid: int | None) -> dict[str, Any]:
+    """% of one core the idle host (this process, workers running) and the server use."""
+    host0, server0 = time.process_time(), _cpu_seconds(server_pid)
+    await trio.sleep(IDLE_SECONDS)
+    host1, server1 = time.process_time(), _cpu_seconds(server_pid)
+    out: dict[str, Any] = {"idle_host_cpu_pct": round(100 * (host1 - host0) / IDLE_SECONDS, 1)}
+    if server0 is not None and server1 is not None:
+        out["idle_server_cpu_pct"] = round(100 * (server1 - server0) / IDLE_SECONDS, 1)
+    return out
+
+
+async def _latency(js: Any, entities: int, awaited: dict[str, trio.Event]) -> dict[str, Any]:
+    """A new event to an idle entity, one at a time: seconds from publish to handled."""
+    took = []
+    for k in range(LATENCY_EVENTS):
+        subject = f"orders.{(k * 7919) % entities}.probe{k}"
+        awaited[subject] = trio.Event()
+        start = time.perf_counter()
+        await js.publish(subject, b"{}")
+        with trio.fail_after(60):
+            await awaited[subject].wait()
+        took.append(time.perf_counter() - start)
+    took.sort()
+    return {
+        "latency_p50_ms": round(1000 * took[len(took) // 2], 1),
+        "latency_p99_ms": round(1000 * took[min(len(took) - 1, int(len(took) * 0.99))], 1),
+    }
+
+
+async def _list_seconds(url: str) -> dict[str, Any]:
+    """``headrace checkpoints list`` on the bench group, as a user runs it."""
+    cmd = [sys.executable, "-m", "headrace", "checkpoints", "list", "--bucket", "bench"]
+    started = time.perf_counter()
+    done = await trio.run_process(
+        [*cmd, "--nats", url], capture_stdout=True, capture_stderr=True, check=False
+    )
+    took = time.perf_counter() - started
+    if done.returncode != 0:
+        why = (done.stderr.decode().strip().splitlines() or ["?"])[-1]
+        return {"list_error": f"exit {done.returncode}: {why}"}
+    return {"list_seconds": round(took, 2), "listed": len(done.stdout.splitlines())}
 
 
 async def _behind(store: Any) -> list[Any]:
@@ -153,6 +237,7 @@ def run(
         trio.run(_load, server.url, messages, entities)
         for impl in IMPLS:
             cmd = [*_ME, "child", "--impl", impl, "--url", server.url, "--messages", str(messages)]
+            cmd += ["--entities", str(entities), "--server-pid", str(server.pid or 0)]
             child = _run_child([*cmd, "--handler-ms", str(handler_ms)])
             result = _last_json(child)
             if child.returncode != 0 or result is None:
@@ -176,6 +261,13 @@ def run(
                 f"{entities} entities, handler {handler_ms} ms  peak RSS {r.get('peak_rss_mb')} MB"
                 + (f"  vs serial {ratio}x" if ratio else "")
             )
+            if "latency_p50_ms" in r:
+                print(
+                    f"{'':>21}  new event to an idle entity p50 {r['latency_p50_ms']} ms, p99 "
+                    f"{r['latency_p99_ms']} ms; idle CPU host {r.get('idle_host_cpu_pct')}%, "
+                    f"server {r.get('idle_server_cpu_pct')}%; checkpoints list "
+                    f"{r.get('list_seconds', r.get('list_error'))} s"
+                )
     return results
 
 
@@ -187,11 +279,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--entities", type=int, default=ENTITIES)
     parser.add_argument("--handler-ms", type=float, default=HANDLER_MS)
+    parser.add_argument("--server-pid", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.role == "child":
         if args.impl == "headrace-checkpoints":
-            result = trio.run(_run_headrace, args.url, args.messages, args.handler_ms)
+            result = trio.run(
+                _run_headrace,
+                args.url,
+                args.messages,
+                args.handler_ms,
+                args.entities,
+                args.server_pid or None,
+            )
         else:
             result = asyncio.run(_run_natspy(args.url, args.messages, args.handler_ms))
         print(json.dumps(result), flush=True)

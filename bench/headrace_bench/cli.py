@@ -44,6 +44,12 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "--payload", type=int, default=None, help="bytes per message (128; not for e2e)"
     )
+    bench.add_argument(
+        "--entities",
+        type=int,
+        default=None,
+        help="checkpoints only: entities the events are spread over (200)",
+    )
     bench.add_argument("--json", action="store_true", help="one JSON object per line")
     bench.add_argument(
         "--anchors",
@@ -155,7 +161,9 @@ def _bench(args: argparse.Namespace) -> int:
         from headrace_bench import checkpoints, consume
 
         try:
-            results = checkpoints.run(args.messages, as_json=args.json)
+            results = checkpoints.run(
+                args.messages, entities=args.entities or checkpoints.ENTITIES, as_json=args.json
+            )
         except (LocalServerError, consume.BenchmarkError) as exc:
             print(f"headrace bench: {exc}", file=sys.stderr)
             return 2

@@ -13,6 +13,7 @@ import trio
 from headrace.checkpoints import (
     CheckpointError,
     CheckpointId,
+    CheckpointMoved,
     CheckpointStore,
     GiveUp,
     Retry,
@@ -55,12 +56,36 @@ async def test_views(store: CheckpointStore) -> None:
 
     assert ids(await operators.view(store, "list")) == sorted([FAILED, LAGGING, RESERVED, OTHER])
     assert ids(await operators.view(store, "list", "shipping")) == [OTHER]
-    assert ids(await operators.view(store, "lagging")) == [LAGGING, RESERVED]
+    # Lagging is version ahead of position, whatever the status: the failed one is behind.
+    assert ids(await operators.view(store, "lagging")) == [FAILED, LAGGING, RESERVED]
     assert ids(await operators.view(store, "failed")) == [FAILED]
     assert ids(await operators.view(store, "reservations", clock=lambda: 1100)) == [RESERVED]
     assert ids(await operators.view(store, "reservations", clock=lambda: 1300)) == []
     with pytest.raises(ValueError, match="no view"):
         await operators.view(store, "stuck")
+
+
+async def test_lagging_shows_checkpoints_behind_in_retry_or_failed(
+    store: CheckpointStore,
+) -> None:
+    retrying = CheckpointId("billing", "ledger", "orders.5")
+    caught_up = CheckpointId("billing", "ledger", "orders.6")
+    boom = ValueError("down")
+    await store.change(
+        retrying, lambda cp: cp.seen(12).advanced(3).failed(boom, Retry(2, 30), 0, 5), create=True
+    )
+    # Failed on its last message, then skipped: position = version, not lagging any more.
+    await store.change(
+        caught_up, lambda cp: cp.seen(7).failed(boom, GiveUp(1), 0, 7).skip(), create=True
+    )
+    lagging = await operators.view(store, "lagging", "billing")
+    assert [(cp.id, cp.status) for cp in lagging] == [
+        (FAILED, Status.FAILED),
+        (LAGGING, Status.ACTIVE),
+        (RESERVED, Status.ACTIVE),
+        (retrying, Status.RETRY),
+    ]
+    assert all(cp.version > cp.position for cp in lagging)
 
 
 async def test_actions(store: CheckpointStore) -> None:
@@ -93,8 +118,12 @@ async def test_command_line(store: CheckpointStore, nats_server: Any) -> None:
     assert "failing #7" in line and "error: ValueError: cannot bill" in line
     code, out, _ = await cli("lagging", "--json", *url)
     rows = [json.loads(line) for line in out.splitlines()]
-    assert [r["id"] for r in rows] == ["billing/ledger/orders.3", "billing/ledger/orders.4"]
-    assert rows[0]["version"] == 8
+    assert [r["id"] for r in rows] == [
+        "billing/ledger/orders.2",
+        "billing/ledger/orders.3",
+        "billing/ledger/orders.4",
+    ]
+    assert (rows[0]["status"], rows[1]["version"]) == ("failed", 8)
     code, out, err = await cli("skip", "billing/ledger/orders.2", *url)
     assert code == 0, err
     assert "active  7/9" in out
@@ -125,3 +154,66 @@ async def test_command_line_errors(
 
 def test_retry_decisions_are_values() -> None:
     assert Retry(1, 2.0) == Retry(1, 2.0) and GiveUp(3) != GiveUp(4)
+
+
+async def test_skip_and_retry_act_only_at_the_position_they_name(store: CheckpointStore) -> None:
+    with pytest.raises(CheckpointMoved, match="at position 4, not 3"):
+        await operators.skip(store, FAILED, position=3)
+    skipped = await operators.skip(store, FAILED, position=4)
+    assert (skipped.status, skipped.position) == (Status.ACTIVE, 7)
+    # The next message fails too; the same skip again must not skip it.
+    await store.change(FAILED, lambda cp: cp.failed(ValueError("again"), GiveUp(10), 0, 8))
+    with pytest.raises(CheckpointMoved, match="at position 7, not 4"):
+        await operators.skip(store, FAILED, position=4)
+    after = await store.get(FAILED)
+    assert after is not None and (after.checkpoint.position, after.checkpoint.failing_seq) == (
+        7,
+        8,
+    )
+    retried = await operators.retry(store, FAILED, position=7, clock=lambda: 5000)
+    assert (retried.status, retried.attempt, retried.retry_at) == (Status.RETRY, 1, 5000)
+    with pytest.raises(CheckpointMoved, match="already due for a retry"):
+        await operators.retry(store, FAILED, position=7, clock=lambda: 5001)
+    with pytest.raises(CheckpointMoved, match="at position 7, not 6"):
+        await operators.retry(store, FAILED, position=6)
+    with pytest.raises(ValueError, match="not negative"):
+        await operators.skip(store, FAILED, position=-1)
+
+
+async def twice_at_once(*args: str) -> list[tuple[int, str, str]]:
+    results: list[tuple[int, str, str]] = []
+
+    async def one() -> None:
+        results.append(await cli(*args))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one)
+        nursery.start_soon(one)
+    return results
+
+
+@pytest.mark.slow  # four command-line processes
+async def test_the_same_skip_or_retry_from_two_commands_at_once_acts_once(
+    store: CheckpointStore, nats_server: Any
+) -> None:
+    url = ("--nats", nats_server.url)
+    results = await twice_at_once("skip", str(FAILED), *url)
+    assert sorted(code for code, _, _ in results) == [0, 2], results
+    (refused,) = [err for code, _, err in results if code == 2]
+    assert "nothing to skip" in refused or "moved" in refused or "changed" in refused, refused
+    (acted,) = [out for code, out, _ in results if code == 0]
+    assert acted.startswith("skipped billing/ledger/orders.2 message #7")
+    # Fail it again at the next message: only a retry now, from two commands at once.
+    await store.change(FAILED, lambda cp: cp.failed(ValueError("again"), GiveUp(10), 0, 8))
+    results = await twice_at_once("retry", str(FAILED), *url)
+    assert sorted(code for code, _, _ in results) == [0, 2], results
+    (refused,) = [err for code, _, err in results if code == 2]
+    assert "already due" in refused or "changed since it was read" in refused, refused
+    after = await store.get(FAILED)
+    assert after is not None
+    assert (after.checkpoint.position, after.checkpoint.status) == (7, Status.RETRY)
+    # A skip naming the position it was shown is refused once the checkpoint moved.
+    code, _, err = await cli("skip", str(FAILED), "--position", "4", *url)
+    assert code == 2 and "at position 7, not 4" in err, err
+    code, _, err = await cli("release", str(FAILED), "--position", "7", *url)
+    assert code == 2 and "release takes no --position" in err, err

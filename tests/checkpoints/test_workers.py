@@ -405,7 +405,7 @@ async def test_stale_work_deleted_messages_and_unknown_subscriptions(
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)
         store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
-        workers = CheckpointWorkers(js, "EVENTS", group, store, owner="w")
+        workers = CheckpointWorkers(js, "EVENTS", group, store, owner="w", poll_interval=0.1)
         one = CheckpointId("billing", "ledger", "orders.1")
         # Stale: the poll saw it lagging, but it is failed by now: not processed, not revived.
         await store.change(
@@ -416,16 +416,22 @@ async def test_stale_work_deleted_messages_and_unknown_subscriptions(
         assert stored is not None and stored.checkpoint.status is Status.FAILED
         assert handled == []
         # Its messages after the failing one were deleted (say, by a retention limit): the
-        # skip resumes it, and it completes at its version instead of lagging for ever.
+        # skip resumes it, and it fails on the lost event its version counts (never caught
+        # up in silence, nor lagging for ever); a second skip accepts the loss.
         for seq in (6, 11, 16, 21, 26):  # orders.1.e1 .. e5
             await js.delete_msg("EVENTS", seq)
         await store.change(one, lambda cp: cp.skip())
-        done = await workers.process(one)
-        assert done is not None and (done.position, done.version, done.status) == (
+        with pytest.warns(RuntimeWarning, match="event #26 of orders.1 is gone"):
+            lost = await workers.process(one)
+        assert lost is not None and (lost.position, lost.status, lost.failing_seq) == (
+            1,
+            Status.FAILED,
             26,
-            26,
-            Status.ACTIVE,
         )
+        assert lost.error is not None and lost.error.startswith("MissingEvents:")
+        assert workers.missing == 1 and workers.failures == 0
+        done = await operators.skip(store, one)
+        assert (done.position, done.version, done.status) == (26, 26, Status.ACTIVE)
         assert handled == []
         # A checkpoint of a subscription this host does not know is left to the hosts that do.
         alien = CheckpointId("billing", "newer", "orders.2")

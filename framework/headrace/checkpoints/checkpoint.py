@@ -38,6 +38,17 @@ class AlreadyReserved(CheckpointError):
     """Another worker holds an unexpired reservation on the checkpoint."""
 
 
+class ReservationLost(CheckpointError):
+    """A worker's reservation is no longer its own (expired and taken by another host, or
+    released by an operator): its checkpoint writes are refused, and its handler should stop
+    (its outside effects are fenced by the token it held; docs/checkpoints.md)."""
+
+
+class CheckpointMoved(CheckpointError):
+    """An operator's action named a checkpoint state (its position, or the failure read at
+    the start of the command) that it is no longer in: someone acted first, nothing done."""
+
+
 class Status(enum.StrEnum):
     ACTIVE = "active"
     RETRY = "retry"
@@ -138,6 +149,9 @@ class Checkpoint:
     #: In retry or failed: the stream sequence of the message that failed.
     failing_seq: int | None = None
     reservation: Reservation | None = None
+    #: The fencing token of the latest reservation: raised by each new claim (never by a
+    #: renewal), so a stale holder's token is below the current one.
+    fence: int = attrs.field(default=0, validator=non_negative)
 
     # -- looking at it ----------------------------------------------------------------------
 
@@ -161,7 +175,8 @@ class Checkpoint:
 
     def reserve(self, owner: str, now: float, timeout: float) -> Checkpoint:
         """Claimed by ``owner`` until ``now + timeout``; :class:`AlreadyReserved` when another
-        owner's reservation still holds (the same owner renews)."""
+        owner's reservation still holds. The same owner renews (same fence); a new claim
+        takes the next fencing token."""
         if timeout <= 0:
             raise ValueError(f"reservation timeout must be positive, not {timeout}")
         current = self.reservation
@@ -169,7 +184,14 @@ class Checkpoint:
             raise AlreadyReserved(
                 f"checkpoint {self.id} is reserved by {current.owner!r} until {current.expires_at}"
             )
-        return attrs.evolve(self, reservation=Reservation(owner, now + timeout))
+        fence = self.fence if current is not None and current.owner == owner else self.fence + 1
+        return attrs.evolve(self, reservation=Reservation(owner, now + timeout), fence=fence)
+
+    def held_by(self, owner: str, fence: int) -> bool:
+        """Whether the reservation is still ``owner``'s claim with token ``fence`` (expiry
+        aside: an expired claim nobody took over is still the holder's to renew)."""
+        current = self.reservation
+        return current is not None and current.owner == owner and self.fence == fence
 
     def release(self) -> Checkpoint:
         return attrs.evolve(self, reservation=None)
@@ -252,6 +274,8 @@ class Checkpoint:
         if self.reservation is not None:
             state["reserved_by"] = self.reservation.owner
             state["reserved_until"] = self.reservation.expires_at
+        if self.fence:
+            state["fence"] = self.fence
         return json.dumps(state, separators=(",", ":")).encode()
 
     @classmethod
@@ -282,6 +306,7 @@ class Checkpoint:
                 error=None if error is None else _text(error),
                 failing_seq=None if failing is None else _int(failing),
                 reservation=reservation,
+                fence=_int(state.get("fence", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidCheckpoint(f"{where}: {type(exc).__name__}: {exc}") from exc

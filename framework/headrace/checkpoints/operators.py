@@ -1,6 +1,12 @@
 """What an operator does with checkpoints: look (all, lagging, failed, reserved) and act
 (retry, skip, release), each action a compare-and-set like every other change (store.py).
 
+Retry and skip name the checkpoint state they act on: its position (given, or read when the
+action starts) and, when read, its failure. A checkpoint that has moved on (processed, skipped
+or retried by someone else meanwhile) is refused with :class:`CheckpointMoved`, so an action
+run twice, or by two operators at once, acts once: a second skip never skips the next failing
+message.
+
 ``headrace checkpoints`` is the same from the command line (cli/checkpoints.py).
 """
 
@@ -8,9 +14,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
-from headrace.checkpoints.checkpoint import Checkpoint, CheckpointError, CheckpointId, Status
+from headrace.checkpoints.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointId,
+    CheckpointMoved,
+    Status,
+)
 from headrace.checkpoints.store import CheckpointStore
+from headrace.jetstream.kv import KeyNotFound
 
 Clock = Callable[[], float]
 
@@ -20,12 +34,14 @@ VIEWS = ("list", "lagging", "failed", "reservations")
 async def view(
     store: CheckpointStore, which: str, group: str | None = None, clock: Clock = time.time
 ) -> list[Checkpoint]:
-    """The checkpoints of one view, sorted by id: ``list`` (all), ``lagging`` (work waiting),
-    ``failed``, or ``reservations`` (held now)."""
+    """The checkpoints of one view, sorted by id: ``list`` (all), ``lagging`` (version ahead
+    of position, whatever the status: active ones waiting for a worker, and those in retry or
+    failed that are behind, which are the ones an operator looks for), ``failed``, or
+    ``reservations`` (held now)."""
     now = clock()
     keep: dict[str, Callable[[Checkpoint], bool]] = {
         "list": lambda cp: True,
-        "lagging": lambda cp: cp.lagging,
+        "lagging": lambda cp: cp.version > cp.position,
         "failed": lambda cp: cp.status is Status.FAILED,
         "reservations": lambda cp: cp.reserved(now),
     }
@@ -46,22 +62,83 @@ def _not_in_work(cp: Checkpoint, now: float, action: str) -> None:
         )
 
 
-async def retry(store: CheckpointStore, cid: CheckpointId, clock: Clock = time.time) -> Checkpoint:
-    """Retry a failed (or retrying) checkpoint now, with a fresh retry budget."""
+def _failure(cp: Checkpoint) -> tuple[Any, ...]:
+    """What an action read of a checkpoint's trouble, to see whether it is still the same."""
+    return (cp.status, cp.attempt, cp.retry_at, cp.failing_seq, cp.error)
+
+
+async def _expect(
+    store: CheckpointStore, cid: CheckpointId, position: int | None, action: str
+) -> Callable[[Checkpoint], None]:
+    """A check that ``cid`` is still at ``position``, or, when None, still where it is now
+    (position and failure): raises :class:`CheckpointMoved` once it is not."""
+    if position is not None:
+        if position < 0:
+            raise ValueError(f"a position is not negative, not {position}")
+        failure = None
+    else:
+        stored = await store.get(cid)
+        if stored is None:
+            raise KeyNotFound(store.kv.bucket, cid.key, why="no such checkpoint")
+        position, failure = stored.checkpoint.position, _failure(stored.checkpoint)
+
+    def check(cp: Checkpoint) -> None:
+        if cp.position != position:
+            raise CheckpointMoved(
+                f"checkpoint {cid} is at position {cp.position}, not {position}: it moved on "
+                f"(processed, or skipped by someone else); nothing to {action}"
+            )
+        if failure is not None and _failure(cp) != failure:
+            raise CheckpointMoved(
+                f"checkpoint {cid} changed since it was read (now {cp.status.value}, attempt "
+                f"{cp.attempt}): someone else acted on it; nothing to {action}"
+            )
+
+    return check
+
+
+async def retry(
+    store: CheckpointStore,
+    cid: CheckpointId,
+    clock: Clock = time.time,
+    *,
+    position: int | None = None,
+) -> Checkpoint:
+    """Retry a failed (or retrying) checkpoint now, with a fresh retry budget, if it is still
+    at ``position`` (default: as read now, failure included; :class:`CheckpointMoved` if not).
+    One already due for its first retry is refused: retrying it again would change nothing."""
+    still = await _expect(store, cid, position, "retry")
 
     def go(cp: Checkpoint) -> Checkpoint:
+        now = clock()
+        still(cp)
         if cp.status is Status.ACTIVE:
             raise CheckpointError(f"checkpoint {cid} is active: nothing to retry")
-        _not_in_work(cp, clock(), "retry")
-        return cp.retry_now(clock())
+        _not_in_work(cp, now, "retry")
+        if cp.status is Status.RETRY and cp.attempt <= 1 and cp.retry_due(now):
+            raise CheckpointMoved(
+                f"checkpoint {cid} is already due for a retry at position {cp.position}; "
+                "nothing done"
+            )
+        return cp.retry_now(now)
 
     return (await store.change(cid, go)).checkpoint
 
 
-async def skip(store: CheckpointStore, cid: CheckpointId, clock: Clock = time.time) -> Checkpoint:
-    """Count the failing message as processed and go on with the next."""
+async def skip(
+    store: CheckpointStore,
+    cid: CheckpointId,
+    clock: Clock = time.time,
+    *,
+    position: int | None = None,
+) -> Checkpoint:
+    """Count the failing message as processed and go on with the next, if the checkpoint is
+    still at ``position`` (default: as read now, failure included; :class:`CheckpointMoved` if
+    not): a skip run twice skips once."""
+    still = await _expect(store, cid, position, "skip")
 
     def go(cp: Checkpoint) -> Checkpoint:
+        still(cp)
         _not_in_work(cp, clock(), "skip")
         return cp.skip()
 
@@ -76,7 +153,7 @@ async def release(store: CheckpointStore, cid: CheckpointId) -> Checkpoint:
 def describe(cp: Checkpoint, now: float) -> str:
     """One line for a checkpoint: id, status, position/version, and what holds it."""
     parts = [str(cp.id), cp.status.value, f"{cp.position}/{cp.version}"]
-    if cp.lagging:
+    if cp.version > cp.position:
         parts.append(f"lag {cp.version - cp.position}")
     if cp.status is Status.RETRY and cp.retry_at is not None:
         parts.append(f"retry {cp.attempt} in {max(cp.retry_at - now, 0):.0f}s")

@@ -55,10 +55,25 @@ class CheckpointStore:
         transition: Callable[[Checkpoint], Checkpoint],
         *,
         create: bool = False,
+        current: Stored | None = None,
     ) -> Stored:
         """Apply ``transition`` to the stored checkpoint and write the result, retrying on a
         lost race. ``create``: a missing checkpoint starts empty (else ``KeyNotFound``). An
-        unchanged result is not written."""
+        unchanged result is not written. ``current``: the checkpoint as last seen (a watch,
+        one's own last write), tried first without reading it: a worker's writes follow one
+        another, so that saves a read each. Its write is conditional on its revision, so a
+        stale one is refused and the change goes on as usual; a refusal or no change on it is
+        not trusted either, but checked on a fresh read."""
+        if current is not None:
+            try:
+                new = transition(current.checkpoint)
+                if new != current.checkpoint:
+                    revision = await self.kv.update(
+                        checkpoint_id.key, new.to_json(), current.revision
+                    )
+                    return Stored(new, revision)
+            except Exception:  # stale (or refused on a stale state): read and go on
+                pass
         for _ in range(MAX_ATTEMPTS):
             stored = await self.get(checkpoint_id)
             if stored is None:
@@ -83,10 +98,19 @@ class CheckpointStore:
         )
 
     async def all(self, group: str | None = None) -> AsyncIterator[Stored]:
-        """Every checkpoint (of ``group``), each as read at one moment; a checkpoint deleted
-        meanwhile is left out."""
+        """Every checkpoint (of ``group``), all as read at one moment; a checkpoint deleted
+        meanwhile is left out.
+
+        The keys come from one watch of the group, the checkpoints from batched Direct Gets
+        (``KeyValue.get_many``: one request per 1024 keys, all at the first one's moment),
+        not one request per checkpoint: workers poll this, and a group holds every entity
+        ever seen.
+        """
         pattern = f"{CheckpointId(group, '-', '-').key.split('.')[0]}.>" if group else ">"
-        for key in await self.kv.keys(pattern):
-            stored = await self.get(CheckpointId.from_key(key))
-            if stored is not None:
-                yield stored
+        keys = await self.kv.keys(pattern)
+        entries = await self.kv.get_many(keys)
+        for key in keys:
+            entry = entries.get(key)
+            if entry is not None:
+                cid = CheckpointId.from_key(key)
+                yield Stored(Checkpoint.from_json(cid, entry.value), entry.revision)

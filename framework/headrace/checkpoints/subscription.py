@@ -19,7 +19,9 @@ from headrace.checkpoints.checkpoint import CheckpointId
 
 DEFAULT_TYPE_HEADER = "Headrace-Type"
 
-Handler = Callable[[Any], Awaitable[None]]
+#: ``async def handler(msg)``, or ``async def handler(msg, ctx)`` to get the
+#: :class:`~headrace.checkpoints.fencing.HandlerContext` (reservation held? fencing token).
+Handler = Callable[..., Awaitable[None]]
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

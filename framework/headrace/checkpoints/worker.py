@@ -2,12 +2,18 @@
 one at a time, to its subscription's handler (Beckett's model).
 
 A worker reserves a checkpoint (compare-and-set, so two hosts never process it at once), reads
-the entity's messages after its position with ADR-31 direct gets (``next_by_subject`` =
-``<entity>.>``), calls the handler for those the subscription matches, and advances the
-position after each one, so a crash re-delivers at most the message being handled. A handler
-error puts the checkpoint into retry (or failed) as the retry policy says; other checkpoints go
-on. A reservation left by a killed host expires; the recovery task (every
-``recovery_interval``, a minute by default) releases it and the next poll hands it out.
+the entity's messages after its position with ADR-31 batched direct gets (``next_by_subj`` =
+``<entity>.>``; 1, 2, 4, ... up to 64 a request), calls the handler for those the subscription
+matches, and advances the position after each one, so a crash re-delivers at most the message being
+handled. A handler error puts the checkpoint into retry (or failed) as the retry policy says;
+other checkpoints go on. A reservation left by a killed host expires; the recovery task (every
+``recovery_interval``, a minute by default) releases it, and the watch hands it out.
+
+Which checkpoints have work comes from a watch of the group's checkpoints (backlog.py): the
+cost is per change, not per checkpoint, and a new event is taken as soon as the global consumer
+raises its checkpoint's version. A poll of every checkpoint every ``poll_interval`` (30 s) is
+only the safety net. Neither a failed watch nor a failed poll ends :meth:`CheckpointWorkers.run`:
+a server restarting or a stream without a leader is said and waited out.
 """
 
 from __future__ import annotations
@@ -22,15 +28,30 @@ from typing import Any
 import attrs
 import trio
 
-from headrace.checkpoints.checkpoint import AlreadyReserved, Checkpoint, CheckpointId
+from headrace.checkpoints.backlog import Backlog
+from headrace.checkpoints.checkpoint import (
+    AlreadyReserved,
+    Checkpoint,
+    CheckpointError,
+    CheckpointId,
+    ReservationLost,
+)
+from headrace.checkpoints.fencing import HandlerContext, keep_held, takes_context
 from headrace.checkpoints.retry import GiveUp, Retry, RetryPolicy
-from headrace.checkpoints.store import CheckpointStore
+from headrace.checkpoints.store import CheckpointStore, Stored
+from headrace.checkpoints.stream_check import MissingEvents
 from headrace.checkpoints.subscription import Handler, Subscription, SubscriptionGroup
 from headrace.jetstream import JetStream
+from headrace.jetstream.direct_batch import BatchGetUnsupported
 from headrace.jetstream.errors import MessageNotFound
+from headrace.jetstream.kv import Entry, KeyNotFound, Operation
 from headrace.jetstream.stored_message import StoredMessage
 
 DEFAULT_RESERVATION = 300.0
+#: Seconds between safety-net polls: every checkpoint of the group read, so rarely.
+DEFAULT_POLL_INTERVAL = 30.0
+#: The most of an entity's messages one read asks for (one batched Direct Get).
+READ_AHEAD = 64
 
 
 def default_concurrency() -> int:
@@ -50,7 +71,8 @@ class CheckpointWorkers:
     concurrency: int = attrs.field(factory=default_concurrency)
     reservation: float = DEFAULT_RESERVATION
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
-    poll_interval: float = 0.5
+    #: The safety-net poll of every checkpoint (work normally arrives through the watch).
+    poll_interval: float = DEFAULT_POLL_INTERVAL
     #: How often expired reservations (a killed host's) are released for others to take.
     recovery_interval: float = 60.0
     clock: Callable[[], float] = time.time
@@ -59,6 +81,24 @@ class CheckpointWorkers:
     failures: int = 0
     #: Polls of the group's checkpoints done.
     polls: int = 0
+    #: What keeps the watch or the poll from the bucket right now (a server restarting, no
+    #: stream leader), or None; and how many such failures since start.
+    outage: str | None = None
+    outages: int = 0
+    #: Reservations lost while processing (taken over after a stall, or released by hand).
+    lost: int = 0
+    #: Checkpoints failed because events they counted were gone from the stream.
+    missing: int = 0
+    #: The checkpoints being processed, with what their handlers know of the reservation.
+    _holding: dict[CheckpointId, HandlerContext] = attrs.field(factory=dict, init=False, repr=False)
+    #: Per subscription: whether its handler takes a HandlerContext as second argument.
+    _with_context: dict[str, bool] = attrs.field(factory=dict, init=False, repr=False)
+    #: Checkpoints whose release failed (a server restart), with the claim's fencing token.
+    _unreleased: dict[CheckpointId, int] = attrs.field(factory=dict, init=False, repr=False)
+    #: This worker's last write of each checkpoint it holds (store.change's ``current``).
+    _last: dict[CheckpointId, Stored] = attrs.field(factory=dict, init=False, repr=False)
+    #: Whether the server answers batched Direct Gets (it does from 2.11).
+    _batches: bool = attrs.field(default=True, init=False, repr=False)
     #: The last errors outside handlers (checkpoint, error), at most 100.
     errors: list[tuple[CheckpointId, Exception]] = attrs.field(factory=list)
 
@@ -66,33 +106,107 @@ class CheckpointWorkers:
         missing = [s.name for s in self.group.subscriptions if s.handler is None]
         if missing:
             raise ValueError(f"subscriptions without a handler: {missing}")
+        self._with_context = {
+            s.name: s.handler is not None and takes_context(s.handler)
+            for s in self.group.subscriptions
+        }
         if self.reservation <= 0 or self.poll_interval <= 0 or self.recovery_interval <= 0:
             raise ValueError("reservation, poll_interval and recovery_interval must be positive")
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Process the group's work until cancelled, riding out server restarts and leader
+        changes: a watch of the group's checkpoints feeds the backlog (so a new event is
+        taken as soon as the global consumer raises its version), a poll every
+        ``poll_interval`` is the safety net, and either one failing is said
+        (:attr:`outage`, a warning) and tried again, never the end of the host."""
         limiter = trio.CapacityLimiter(self.concurrency)
         busy: set[CheckpointId] = set()
-        known = {s.name for s in self.group.subscriptions}
-        task_status.started()
+        backlog = Backlog(frozenset(s.name for s in self.group.subscriptions))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._recover_expired)
+            nursery.start_soon(self._release_left)
+            await nursery.start(self._watch, backlog)
+            nursery.start_soon(self._poll, backlog)
+            task_status.started()
             while True:
-                now = self.clock()
+                for cid in backlog.due(self.clock(), busy):
+                    busy.add(cid)
+                    nursery.start_soon(self._guarded, cid, limiter, busy, backlog)
+                await backlog.wait(backlog.next_retry(), self.clock())
+
+    async def _watch(
+        self, backlog: Backlog, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Feed ``backlog`` from a watch of the group's checkpoints: first every checkpoint
+        (started once that pass is read, or failed), then each change. A failed watch (the
+        server restarting, no stream leader) is said and opened again after a pause."""
+        pause = 0.1
+        pattern = f"{CheckpointId(self.group.name, '-', '-').key.split('.')[0]}.>"
+        while True:
+            try:
+                async with self.store.kv.watch(pattern) as watcher:
+                    async for entry in watcher.initial():
+                        self._noted(backlog, entry)
+                    self._recovered("watch")
+                    task_status.started()
+                    task_status = trio.TASK_STATUS_IGNORED
+                    pause = 0.1
+                    async for entry in watcher:
+                        self._noted(backlog, entry)
+                raise ConnectionError("the watch ended")  # pragma: no cover - it does not
+            except Exception as exc:
+                self._outage("watch", exc)
+            task_status.started()  # running without it: the poll is the safety net
+            task_status = trio.TASK_STATUS_IGNORED
+            await trio.sleep(pause)
+            pause = min(2 * pause, 2.0)
+
+    def _noted(self, backlog: Backlog, entry: Entry) -> None:
+        cid = CheckpointId.from_key(entry.key)
+        if entry.operation is not Operation.PUT:
+            backlog.forget(cid)
+            return
+        try:
+            backlog.note(Checkpoint.from_json(cid, entry.value))
+        except CheckpointError as exc:  # one unreadable checkpoint: said, the rest go on
+            self._note(cid, exc)
+
+    async def _poll(self, backlog: Backlog) -> None:
+        """The safety net, every ``poll_interval``: every checkpoint of the group read again
+        into the backlog (a change the watch missed, a retry whose time came)."""
+        while True:
+            await trio.sleep(self.poll_interval)
+            try:
                 async for stored in self.store.all(self.group.name):
-                    cp = stored.checkpoint
-                    # Reserved, even if expired: expired ones are the recovery task's. Unknown
-                    # subscriptions belong to hosts running a newer version of the group.
-                    if (
-                        cp.id in busy
-                        or cp.reservation is not None
-                        or cp.id.subscription not in known
-                    ):
-                        continue
-                    if cp.lagging or cp.retry_due(now):
-                        busy.add(cp.id)
-                        nursery.start_soon(self._guarded, cp.id, limiter, busy)
-                self.polls += 1
-                await trio.sleep(self.poll_interval)
+                    backlog.note(stored.checkpoint)
+            except Exception as exc:
+                self._outage("poll", exc)
+            else:
+                self._recovered("poll")
+                backlog.changed()
+            self.polls += 1
+
+    def _outage(self, what: str, exc: Exception) -> None:
+        """The watch or the poll failed: kept in :attr:`outage` until it works again, and
+        said (once per kind of failure in a row, not at every attempt)."""
+        text = f"{what}: {type(exc).__name__}: {exc}"
+        self.outages += 1
+        if self.outage is None or not self.outage.startswith(f"{what}: {type(exc).__name__}"):
+            warnings.warn(
+                f"checkpoint workers of {self.group.name!r}: {text} (trying again)",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+        self.outage = text
+
+    def _recovered(self, what: str) -> None:
+        if self.outage is not None and self.outage.startswith(f"{what}:"):
+            warnings.warn(
+                f"checkpoint workers of {self.group.name!r}: {what} works again",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+            self.outage = None
 
     async def _recover_expired(self) -> None:
         """Every ``recovery_interval``: release reservations that expired (their host died or
@@ -116,7 +230,11 @@ class CheckpointWorkers:
         return released
 
     async def _guarded(
-        self, cid: CheckpointId, limiter: trio.CapacityLimiter, busy: set[CheckpointId]
+        self,
+        cid: CheckpointId,
+        limiter: trio.CapacityLimiter,
+        busy: set[CheckpointId],
+        backlog: Backlog,
     ) -> None:
         try:
             async with limiter:
@@ -131,6 +249,7 @@ class CheckpointWorkers:
             )
         finally:
             busy.discard(cid)
+            backlog.changed()  # work noted for it meanwhile can be taken now
 
     async def process(self, cid: CheckpointId) -> Checkpoint | None:
         """Reserve ``cid`` and process it up to its version (or its first failure); the
@@ -141,66 +260,206 @@ class CheckpointWorkers:
         handler = subscription.handler
         assert handler is not None  # checked when the workers were made
         try:
-            stored = await self.store.change(cid, self._transition(_reserve))
+            stored = await self._change(cid, self._transition(_reserve))
         except (AlreadyReserved, _NothingToDo):
             return None
+        reserved = stored.checkpoint
+        assert reserved.reservation is not None
+        ctx = HandlerContext(cid, reserved.fence, reserved.reservation.expires_at, self.clock)
+        self._holding[cid] = ctx
+        left: Checkpoint | None = None
+        error: Exception | None = None
         try:
-            return await self._process(cid, stored.checkpoint, subscription, handler)
-        except _LostReservation:
-            return None  # another host (or an operator) took over: stop, write nothing
-        finally:
-            # However it ends (cancelled included): give the checkpoint back at once, rather
-            # than leave it reserved until expiry.
-            with trio.move_on_after(5, shield=True):
+            # The reservation is renewed in the background while we hold it (a handler may
+            # outlive it); losing it cancels the processing (fencing.py). The processing's own
+            # errors are taken out of the nursery so that they are not wrapped in a group.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    keep_held,
+                    self.store,
+                    ctx,
+                    self._transition(_renew),
+                    self.reservation / 3,
+                    nursery.cancel_scope,
+                    lambda exc: self._note(cid, exc),
+                )
                 try:
-                    await self.store.change(cid, _released(owner))
-                except Exception:  # the recovery task frees it after expiry
+                    left = await self._process(cid, reserved, subscription, handler)
+                except Exception as exc:
+                    error = exc
+                finally:
+                    nursery.cancel_scope.cancel()
+            if error is not None:
+                raise error
+            if ctx.lost is not None:
+                raise ReservationLost(ctx.lost)
+            return left
+        except ReservationLost as exc:
+            # Another host (or an operator) took over: stop, write nothing.
+            ctx.lost = ctx.lost or str(exc)
+            self.lost += 1
+            warnings.warn(
+                f"checkpoint {cid}: reservation lost: {exc}", RuntimeWarning, stacklevel=1
+            )
+            return None
+        finally:
+            del self._holding[cid]
+            # However it ends (cancelled included): give the checkpoint back at once, rather
+            # than leave it reserved until expiry (only if it is still this claim).
+            with trio.move_on_after(5, shield=True) as releasing:
+                try:
+                    await self._change(cid, _released(owner, ctx.fence))
+                except Exception:  # a server restarting: released again later
+                    self._unreleased[cid] = ctx.fence
+            if releasing.cancelled_caught:
+                self._unreleased[cid] = ctx.fence
+            self._last.pop(cid, None)
+
+    async def _release_left(self) -> None:
+        """Every second: release again what a failed release left reserved (the server
+        restarting as a run ended), rather than leave its entity waiting for the expiry
+        (``reservation`` and ``recovery_interval``: minutes). Only this claim is released."""
+        while True:
+            await trio.sleep(1.0)
+            for cid, fence in list(self._unreleased.items()):
+                try:
+                    await self.store.change(cid, _released(self.owner, fence))
+                except KeyNotFound:
                     pass
+                except Exception:  # still away: the next round
+                    continue
+                if self._unreleased.get(cid) == fence:
+                    del self._unreleased[cid]
+
+    async def _change(
+        self, cid: CheckpointId, transition: Callable[[Checkpoint], Checkpoint]
+    ) -> Stored:
+        """``store.change``, starting from this worker's last write of ``cid`` (its writes
+        follow one another: a read saved each; a stale one costs the read back)."""
+        try:
+            stored = await self.store.change(cid, transition, current=self._last.get(cid))
+        except BaseException:
+            self._last.pop(cid, None)
+            raise
+        self._last[cid] = stored
+        return stored
+
+    def _note(self, cid: CheckpointId, exc: Exception) -> None:
+        """An error outside handlers: kept (the last 100) and said."""
+        self.errors.append((cid, exc))
+        del self.errors[:-100]
+        warnings.warn(
+            f"checkpoint {cid}: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=1
+        )
+
+    async def _handle(self, handler: Handler, msg: StoredMessage, cid: CheckpointId) -> None:
+        """Call the handler, with its HandlerContext when it takes one; none is started once
+        this worker knows its claim lost or expired (a stall between messages)."""
+        ctx = self._holding[cid]
+        ctx.ensure_held()
+        if not self._with_context[cid.subscription]:
+            await handler(msg)
+            return
+        ctx.seq = msg.seq
+        try:
+            await handler(msg, ctx)
+        finally:
+            ctx.seq = 0
 
     async def _process(
         self, cid: CheckpointId, cp: Checkpoint, subscription: Subscription, handler: Handler
     ) -> Checkpoint:
         position = cp.position
         header = self.group.type_header
+        ahead: list[StoredMessage] = []  # read, not yet handled; the next one last
+        size = 1
         while position < cp.version:
-            try:
-                msg = await self.js.direct_get(
-                    self.stream, seq=position + 1, next_by_subject=f"{cid.stream}.>"
-                )
-            except MessageNotFound:
-                msg = None
+            if not ahead:
+                ahead = await self._read_ahead(cid, position, size)
+                size = min(2 * size, READ_AHEAD)
+            msg = ahead.pop() if ahead else None
             if msg is None or msg.seq > cp.version:
-                # Nothing of the entity's is left up to the version (deleted, purged, aged
-                # out): done with it, else it would stay lagging (or due) for ever.
-                position = cp.version
-                cp = (await self.store.change(cid, self._transition(_advance(position)))).checkpoint
-                break
+                # The message the version counts (the entity's last seen) is gone, deleted,
+                # purged or dropped by a limit before it was handled: failed, never caught up.
+                return await self._missing(cid, position, cp.version)
             kind = _header(msg, header)
             if subscription.entity(msg.subject, kind) == cid.stream:
                 try:
-                    await handler(msg)
+                    await self._handle(handler, msg, cid)
+                except ReservationLost:
+                    raise  # the handler found it lost (HandlerContext.ensure_held)
                 except Exception as exc:
                     self.failures += 1
                     decision = self.retry.decide(exc, cp.failed_retries)
                     failed = _fail(position, msg.seq, exc, decision)
-                    return (await self.store.change(cid, self._transition(failed))).checkpoint
+                    return (await self._change(cid, self._transition(failed))).checkpoint
                 self.handled += 1
             position = msg.seq
-            cp = (await self.store.change(cid, self._transition(_advance(position)))).checkpoint
+            cp = (await self._change(cid, self._transition(_advance(position)))).checkpoint
         return cp
+
+    async def _missing(self, cid: CheckpointId, position: int, version: int) -> Checkpoint:
+        """Park ``cid`` as failed on its lost event #``version`` (an operator's skip accepts
+        the loss and resumes it)."""
+        self.missing += 1
+        gone = MissingEvents(
+            f"event #{version} of {cid.stream} is gone from stream {self.stream!r} before it "
+            "was handled (deleted, purged, or dropped by a limit); skip it to accept the loss"
+        )
+        warnings.warn(f"checkpoint {cid}: {gone}", RuntimeWarning, stacklevel=1)
+        failed = _fail(position, version, gone, GiveUp(0))
+        return (await self._change(cid, self._transition(failed))).checkpoint
+
+    async def _read_ahead(self, cid: CheckpointId, position: int, size: int) -> list[StoredMessage]:
+        """The entity's next ``size`` messages after ``position``, last first; empty when it
+        has none. More than one is one batched Direct Get (ADR-31; one at a time on a server
+        before 2.11).
+
+        The caller doubles ``size`` from 1 up to :data:`READ_AHEAD` while it keeps using what
+        it read: the server cannot stop a batch at the checkpoint's version (an entity's
+        messages are spread over the stream, so the version does not say how many of them
+        come before it), and a worker that reads far past it parses messages it will not
+        handle before the checkpoint is reserved again. Doubling reads at most as many
+        messages past the version as it handled.
+        """
+        subject = f"{cid.stream}.>"
+        if size > 1 and self._batches:
+            try:
+                page = await self.js.direct_get_batch(
+                    self.stream, size, subject=subject, seq=position + 1
+                )
+                return list(reversed(page.messages))
+            except BatchGetUnsupported:
+                self._batches = False
+        try:
+            return [
+                await self.js.direct_get(self.stream, seq=position + 1, next_by_subject=subject)
+            ]
+        except MessageNotFound:
+            return []
 
     def _transition(
         self, step: Callable[[Checkpoint, str, float, float], Checkpoint]
     ) -> Callable[[Checkpoint], Checkpoint]:
-        """``step`` with this worker's identity, clock and reservation length."""
-        return lambda cp: step(cp, self.owner, self.clock(), self.reservation)
+        """``step`` with this worker's identity, clock and reservation length; while this
+        worker holds the checkpoint, refused (:class:`ReservationLost`) unless the stored
+        reservation is still its claim (owner and fencing token)."""
+
+        def apply(cp: Checkpoint) -> Checkpoint:
+            ctx = self._holding.get(cp.id)
+            if ctx is not None and not cp.held_by(self.owner, ctx.fence):
+                holder = cp.reservation.owner if cp.reservation else "nobody"
+                # Said without the checkpoint: the warning of process() names it.
+                raise ReservationLost(
+                    f"reserved by {holder} with fence {cp.fence}, not by {self.owner} with "
+                    f"fence {ctx.fence}"
+                )
+            return step(cp, self.owner, self.clock(), self.reservation)
+
+        return apply
 
 
 class _NothingToDo(Exception):
-    pass
-
-
-class _LostReservation(Exception):
     pass
 
 
@@ -209,6 +468,16 @@ def _reserve(cp: Checkpoint, owner: str, now: float, timeout: float) -> Checkpoi
     # processed it, failed it, or scheduled its retry later).
     if not (cp.lagging or cp.retry_due(now)):
         raise _NothingToDo
+    current = cp.reservation
+    if current is not None and cp.reserved(now):
+        # Ours included: a fresh claim never joins a run in progress (a host restarted under
+        # the same owner name); a stale run is fenced by the new claim's token.
+        raise AlreadyReserved(f"checkpoint {cp.id} is reserved by {current.owner!r}")
+    return cp.release().reserve(owner, now, timeout)
+
+
+def _renew(cp: Checkpoint, owner: str, now: float, timeout: float) -> Checkpoint:
+    """A renewal while processing (the claim itself is checked by ``_transition``)."""
     return cp.reserve(owner, now, timeout)
 
 
@@ -216,7 +485,7 @@ def _owned(cp: Checkpoint, owner: str, now: float, timeout: float, position: int
     """``cp`` still ours (our reservation, our position), its reservation renewed."""
     mine = cp.reservation is not None and cp.reservation.owner == owner
     if not mine or cp.position > position:
-        raise _LostReservation
+        raise ReservationLost(f"moved to position {cp.position} under {owner}")
     return cp.reserve(owner, now, timeout)
 
 
@@ -246,9 +515,9 @@ def _release_if_expired(now: float) -> Callable[[Checkpoint], Checkpoint]:
     return release
 
 
-def _released(owner: str) -> Callable[[Checkpoint], Checkpoint]:
+def _released(owner: str, fence: int) -> Callable[[Checkpoint], Checkpoint]:
     def release(cp: Checkpoint) -> Checkpoint:
-        if cp.reservation is not None and cp.reservation.owner == owner:
+        if cp.held_by(owner, fence):
             return cp.release()
         return cp
 

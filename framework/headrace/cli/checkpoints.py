@@ -1,9 +1,12 @@
 """``headrace checkpoints``: look at and act on checkpointed subscriptions' checkpoints.
 
     headrace checkpoints list|lagging|failed|reservations [--group G] [--bucket B] [--json]
-    headrace checkpoints retry|skip|release ID [--bucket B]
+    headrace checkpoints retry|skip [--position N] ID [--bucket B]
+    headrace checkpoints release ID [--bucket B]
 
-``ID`` is ``group/subscription/entity`` (as the views print it) or the KV key.
+``ID`` is ``group/subscription/entity`` (as the views print it) or the KV key. Retry and skip
+act only on the checkpoint as it was when the command started (or at ``--position N``): one
+that moved meanwhile is refused, so the same command run twice acts once.
 """
 
 from __future__ import annotations
@@ -33,12 +36,21 @@ def add_parser(commands: Any) -> None:
             "in a KV bucket. Views: list, lagging, failed, reservations. Actions on one "
             "checkpoint (ID is group/subscription/entity): retry (now, with a fresh retry "
             "budget), skip (its failing message counts as processed), release (drop its "
-            "reservation). Exit code 2 for a bucket or checkpoint that does not exist."
+            "reservation). Retry and skip act only if the checkpoint is still as read when the "
+            "command starts (or at --position N): run twice, they act once. Exit code 2 for a "
+            "bucket or checkpoint that does not exist, or an action refused."
         ),
     )
     parser.add_argument("what", choices=[*VIEWS, *ACTIONS], metavar="VIEW_OR_ACTION")
     parser.add_argument(
         "id", nargs="?", metavar="ID", help="for actions: group/subscription/entity"
+    )
+    parser.add_argument(
+        "--position",
+        type=int,
+        metavar="N",
+        help="retry/skip: only if the checkpoint's position is still N (as the views print "
+        "it: N/version); default: as read when the command starts",
     )
     parser.add_argument("--bucket", default=DEFAULT_BUCKET, help=f"KV bucket ({DEFAULT_BUCKET})")
     parser.add_argument("--group", help="views: only this subscription group")
@@ -66,6 +78,9 @@ def command(args: argparse.Namespace) -> int:
     if args.what not in ACTIONS and args.id:
         print(f"headrace checkpoints: {args.what} takes no ID", file=sys.stderr)
         return 2
+    if args.position is not None and args.what not in ("retry", "skip"):
+        print(f"headrace checkpoints: {args.what} takes no --position", file=sys.stderr)
+        return 2
     try:
         kwargs = connect_kwargs(args, "headrace-checkpoints")
         lines = trio.run(_run, args, kwargs)
@@ -88,13 +103,16 @@ async def _run(args: argparse.Namespace, kwargs: dict[str, Any]) -> list[str]:
         now = time.time()
         if args.what in ACTIONS:
             cid = parse_id(args.id)
-            action = {
-                "retry": operators.retry,
-                "skip": operators.skip,
-                "release": operators.release,
-            }
-            cp = await action[args.what](store, cid)
-            return [operators.describe(cp, now)]
+            if args.what == "release":
+                cp = await operators.release(store, cid)
+                return [operators.describe(cp, now)]
+            if args.what == "skip":
+                cp = await operators.skip(store, cid, position=args.position)
+                done = f"skipped {cid} message #{cp.position}"
+            else:
+                cp = await operators.retry(store, cid, position=args.position)
+                done = f"retry of {cid} due now at position {cp.position}"
+            return [done, operators.describe(cp, now)]
         found = await operators.view(store, args.what, args.group)
         if args.json:
             return [
