@@ -7,6 +7,13 @@ reader), and Arrow's own write of it costs the Python process little (GIL releas
 on 100k order rows (issue 14): JVM CPU 0.56-0.70 s against 0.81-1.06 s through
 ``createDataFrame``; the Spark writer's limit is the JVM's CPU on this machine.
 
+Opt-in (``SparkSink(staged_input=True)``), because it is not a win for every table: measured
+on 2 cores, the metadata columns of ``bench e2e`` (no partitioning, batches of 100k) went from
+79-90k to 84-108k msg/s, but ``headrace demo`` (decoded orders partitioned by day, batches of
+50k) went from 59k to 46-50k msg/s, warm-up through this path included. Why is not measured
+yet (per-batch file listing and planning, the partition sort over a parquet scan, the decimal
+and date columns are candidates).
+
 When: a classic (JVM-backed) session, and a table whose every column type reads back from
 parquet as exactly the Spark type ``createDataFrame`` would give it (:func:`stageable`). A
 naive timestamp, for one, is not: Spark would read it back as a local-time ``TIMESTAMP_NTZ``

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from headrace_spark import SparkSink
+from headrace_spark import SparkSink, SparkSinkError
 from headrace_spark.staged_input import INPUT, remove_stale_inputs, stageable, staged_frame
 from spark_support import read_rows  # noqa: F401  (puts tests/sinks on sys.path)
 
@@ -85,7 +85,7 @@ def test_the_staged_frame_is_the_created_frame(spark: Any, tmp_path: Path) -> No
 
 async def test_the_sink_leaves_no_input_and_removes_stale_ones(spark: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    sink = SparkSink(out, spark=spark, stale_after=60)
+    sink = SparkSink(out, spark=spark, stale_after=60, staged_input=True)
     await sink.open()
     inputs = out / "_headrace" / INPUT
     await sink.write_batch(seqs(1, 2, 3))
@@ -104,3 +104,14 @@ async def test_the_sink_leaves_no_input_and_removes_stale_ones(spark: Any, tmp_p
 
 def test_remove_stale_inputs_without_a_directory(tmp_path: Path) -> None:
     assert remove_stale_inputs(tmp_path, 1.0) == 0
+
+
+async def test_off_by_default_and_only_for_the_spark_writer(spark: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    sink = SparkSink(out, spark=spark)
+    await sink.open()
+    await sink.write_batch(seqs(1, 2))
+    await sink.close()
+    assert not (out / "_headrace" / INPUT).exists()  # createDataFrame: nothing staged
+    with pytest.raises(SparkSinkError, match="staged_input"):
+        SparkSink(tmp_path / "other", writer="arrow", staged_input=True)
