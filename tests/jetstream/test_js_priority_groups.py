@@ -586,16 +586,20 @@ async def worker_process(url: str, name: str) -> AsyncIterator[Worker]:
 
 async def wait_any(workers: list[Worker], predicate: Callable[[], bool], timeout: float) -> None:
     """Until ``predicate()`` holds, woken by any worker's output."""
-    with trio.fail_after(timeout):
-        while not predicate():
-            async with trio.open_nursery() as nursery:
-                for worker in workers:
+    try:
+        with trio.fail_after(timeout):
+            while not predicate():
+                async with trio.open_nursery() as nursery:
+                    for worker in workers:
 
-                    async def woken(w: Worker = worker) -> None:
-                        await w._changed.wait()
-                        nursery.cancel_scope.cancel()
+                        async def woken(w: Worker = worker) -> None:
+                            await w._changed.wait()
+                            nursery.cancel_scope.cancel()
 
-                    nursery.start_soon(woken)
+                        nursery.start_soon(woken)
+    except trio.TooSlowError:
+        said = "\n".join(w.transcript() for w in workers)
+        raise AssertionError(f"not within {timeout}s\n{said}") from None
 
 
 @pytest.mark.slow
@@ -621,7 +625,7 @@ async def test_standby_worker_takes_over_from_a_killed_pinned_worker(nats_server
             # Both are pulling: the pin goes to one of them with the first message.
             await poll_consumer(natspy, lambda i: i.num_waiting >= 2, timeout=15)
             await natspy_publish(natspy, first)
-            await wait_any(workers, lambda: len(a.committed) + len(b.committed) >= first, 20)
+            await wait_any(workers, lambda: len(a.committed) + len(b.committed) >= first, 60)
             pinned, standby = (a, b) if a.committed else (b, a)
             assert sorted(pinned.committed) == list(range(1, first + 1)), pinned.transcript()
             assert standby.committed == []
