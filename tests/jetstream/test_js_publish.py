@@ -300,6 +300,12 @@ async def test_direct_get_of_a_republished_message(nats_server):
         await _stream(js, name="COPY", subjects=["copy.>"], allow_direct=True)
         await js.publish("copy.own", b"0")  # COPY seq 1, so the sequences differ
         await js.publish("a.x", b"1")  # ORIGIN seq 1, republished as COPY seq 2
+        # The PubAck is ORIGIN's: the republished copy reaches COPY on its own, a moment later.
+        with trio.fail_after(10):
+            while True:
+                if (await js.stream_info("COPY")).state.last_seq >= 2:
+                    break
+                await trio.sleep(0.01)  # pacing the reads, not waiting for a condition
         via_leader = await js.get_msg("COPY", 2)
         assert (via_leader.subject, via_leader.seq, via_leader.data) == ("copy.a.x", 2, b"1")
         direct = await js.direct_get("COPY", 2)
