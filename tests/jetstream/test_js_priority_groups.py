@@ -588,12 +588,17 @@ async def wait_any(workers: list[Worker], predicate: Callable[[], bool], timeout
     """Until ``predicate()`` holds, woken by any worker's output."""
     try:
         with trio.fail_after(timeout):
-            while not predicate():
+            while True:
+                # Each worker's event as of now, taken before the check: output that comes
+                # while the waiters start sets these (a worker replaces its event when set).
+                changed = [w._changed for w in workers]
+                if predicate():
+                    return
                 async with trio.open_nursery() as nursery:
-                    for worker in workers:
+                    for event in changed:
 
-                        async def woken(w: Worker = worker) -> None:
-                            await w._changed.wait()
+                        async def woken(event: trio.Event = event) -> None:
+                            await event.wait()
                             nursery.cancel_scope.cancel()
 
                         nursery.start_soon(woken)
