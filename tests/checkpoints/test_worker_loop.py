@@ -165,7 +165,8 @@ async def test_workers_ride_out_three_server_restarts(nats_server: Any, natspy: 
             for round_ in range(ROUNDS):
                 if round_:
                     # Mid-run: the previous round is still being handled.
-                    await restart(nats_server, round_, lambda: workers.outage and consumer.outage)
+                    # Down until either loop saw it (what the assertions below need).
+                    await restart(nats_server, round_, lambda: workers.outage or consumer.outage)
                 sent += await publish_round(js, round_)
             with trio.fail_after(60):
                 while len(set(handled)) < len(sent):  # noqa: ASYNC110 - a count
