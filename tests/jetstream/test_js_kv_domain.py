@@ -89,9 +89,9 @@ async def _natspy_reads(natspy: Any, url: str, bucket: str, expected: dict[str, 
     assert sorted(await natspy.call(kv.keys)) == sorted(expected)
 
 
-async def test_a_bucket_in_the_hub_domain_from_a_leafnode(
-    nats_server_factory: Any, natspy: Any, tmp_path: Any
-) -> None:
+def _hub_and_leaf(nats_server_factory: Any, tmp_path: Any) -> tuple[Any, Any]:
+    """Two servers, each with a JetStream domain of its own (hub, leaf), the leaf a leafnode
+    of the hub."""
     leaf_port = free_port("127.0.0.1")
     hub = nats_server_factory(
         jetstream=False,
@@ -109,6 +109,13 @@ async def test_a_bucket_in_the_hub_domain_from_a_leafnode(
     )
     hub.wait_for_log("JetStream using domains", 15)
     leaf.wait_for_log("JetStream using domains", 15)
+    return hub, leaf
+
+
+async def test_a_bucket_in_the_hub_domain_from_a_leafnode(
+    nats_server_factory: Any, natspy: Any, tmp_path: Any
+) -> None:
+    hub, leaf = _hub_and_leaf(nats_server_factory, tmp_path)
 
     async with connect(leaf.url) as nc:
         js = JetStream(nc, domain="hub")
@@ -132,23 +139,7 @@ async def test_a_mirror_of_a_bucket_in_another_domain_writes_to_the_origin(
 ) -> None:
     """The origin in the hub, its mirror in the leafnode's own domain: reads come from the
     mirror, writes go through the mirror's ``external.api`` to the origin (and come back)."""
-    leaf_port = free_port("127.0.0.1")
-    hub = nats_server_factory(
-        jetstream=False,
-        extra_config=(
-            f"jetstream {{ domain: hub, store_dir: {json.dumps(str(tmp_path / 'hub'))} }}\n"
-            f"leafnodes {{ listen: 127.0.0.1:{leaf_port} }}"
-        ),
-    )
-    leaf = nats_server_factory(
-        jetstream=False,
-        extra_config=(
-            f"jetstream {{ domain: leaf, store_dir: {json.dumps(str(tmp_path / 'leaf'))} }}\n"
-            f'leafnodes {{ remotes: [ {{ url: "nats://127.0.0.1:{leaf_port}" }} ] }}'
-        ),
-    )
-    hub.wait_for_log("JetStream using domains", 15)
-    leaf.wait_for_log("JetStream using domains", 15)
+    hub, leaf = _hub_and_leaf(nats_server_factory, tmp_path)
 
     async with connect(leaf.url) as nc:
         hub_js, own_js = JetStream(nc, domain="hub"), JetStream(nc)
