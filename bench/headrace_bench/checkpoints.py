@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 import trio
+from headrace.checkpoints import CheckpointId
 from headrace.localserver import LocalServer
 
 from headrace_bench.consume import (
@@ -66,7 +67,12 @@ async def _load(url: str, n: int, entities: int) -> None:
 
 
 async def _run_headrace(
-    url: str, n: int, handler_ms: float, entities: int = ENTITIES, server_pid: int | None = None
+    url: str,
+    n: int,
+    handler_ms: float,
+    entities: int = ENTITIES,
+    server_pid: int | None = None,
+    concurrency: int | None = None,
 ) -> dict[str, Any]:
     from headrace.checkpoints import (
         CheckpointStore,
@@ -101,17 +107,26 @@ async def _run_headrace(
         js = JetStream(nc)
         store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="bench")))
         workers = CheckpointWorkers(js, STREAM, group, store)
+        if concurrency is not None:
+            workers.concurrency = concurrency
         started, cpu = time.perf_counter(), time.process_time()
+        server_cpu = _cpu_seconds(server_pid)
         async with trio.open_nursery() as nursery:
             await nursery.start(GlobalConsumer(js, STREAM, group, store, max_wait=0.05).run)
             await nursery.start(workers.run)
+            finished = None
             with trio.move_on_after(600):
                 await done.wait()
                 # The last handlers have returned; their positions are being written.
-                while await _behind(store):  # noqa: ASYNC110 - KV state, no event to wait on
-                    await trio.sleep(0.01)
-            elapsed = time.perf_counter() - started
+                finished = await _caught_up(store)
+            elapsed = (finished or time.perf_counter()) - started
             busy_cpu = round(100 * (time.process_time() - cpu) / elapsed, 1)
+            server_after = _cpu_seconds(server_pid)
+            busy_server = (
+                round(100 * (server_after - server_cpu) / elapsed, 1)
+                if server_cpu is not None and server_after is not None
+                else None
+            )
             behind = await _behind(store)
             ok = handled == n and not behind
             problems = [] if handled == n else [f"handled {handled} events, not {n}"]
@@ -128,6 +143,7 @@ async def _run_headrace(
         problems,
         concurrency=workers.concurrency,
         run_host_cpu_pct=busy_cpu,
+        run_server_cpu_pct=busy_server,
         **idle,
         **latency,
         **listing,
@@ -193,6 +209,22 @@ async def _behind(store: Any) -> list[Any]:
     return [s async for s in store.all("bench") if s.checkpoint.position < s.checkpoint.version]
 
 
+async def _caught_up(store: Any) -> float:
+    """Wait until every checkpoint's position reached its version; the moment (perf_counter)
+    just before the read that found them so. The first read takes every checkpoint, later
+    ones only those still behind: a whole read of 10,000 costs the host more CPU than the
+    workers' last writes, and the time it takes is not theirs."""
+    keys = await store.kv.keys("bench.>")  # no new entity comes: the stream is loaded
+    ids = [CheckpointId.from_key(k) for k in keys]
+    while True:
+        at = time.perf_counter()
+        read = await store.get_many(ids)
+        ids = [cid for cid, s in read.items() if s.checkpoint.position < s.checkpoint.version]
+        if not ids:
+            return at
+        await trio.sleep(0.01)
+
+
 async def _run_natspy(url: str, n: int, handler_ms: float) -> dict[str, Any]:
     import nats  # type: ignore[import-not-found,unused-ignore]
 
@@ -228,16 +260,30 @@ def _result(impl: str, n: int, elapsed: float, problems: list[str], **extra: Any
 
 
 def run(
-    messages: int, *, entities: int = ENTITIES, handler_ms: float = HANDLER_MS, as_json: bool
+    messages: int,
+    *,
+    entities: int = ENTITIES,
+    handler_ms: float = HANDLER_MS,
+    concurrency: int | None = None,
+    as_json: bool,
 ) -> list[dict[str, Any]]:
-    if messages < 1 or entities < 1 or handler_ms < 0:
-        raise BenchmarkError("--messages and --entities must be at least 1, --handler-ms >= 0")
+    if (
+        messages < 1
+        or entities < 1
+        or handler_ms < 0
+        or (concurrency is not None and concurrency < 1)
+    ):
+        raise BenchmarkError(
+            "--messages, --entities and --concurrency must be at least 1, --handler-ms >= 0"
+        )
     results: list[dict[str, Any]] = []
     with LocalServer(jetstream=True) as server:
         trio.run(_load, server.url, messages, entities)
         for impl in IMPLS:
             cmd = [*_ME, "child", "--impl", impl, "--url", server.url, "--messages", str(messages)]
             cmd += ["--entities", str(entities), "--server-pid", str(server.pid or 0)]
+            if concurrency is not None:
+                cmd += ["--concurrency", str(concurrency)]
             child = _run_child([*cmd, "--handler-ms", str(handler_ms)])
             result = _last_json(child)
             if child.returncode != 0 or result is None:
@@ -261,6 +307,11 @@ def run(
                 f"{entities} entities, handler {handler_ms} ms  peak RSS {r.get('peak_rss_mb')} MB"
                 + (f"  vs serial {ratio}x" if ratio else "")
             )
+            if "run_host_cpu_pct" in r:
+                print(
+                    f"{'':>21}  concurrency {r.get('concurrency')}; CPU while running: host "
+                    f"{r['run_host_cpu_pct']}%, server {r.get('run_server_cpu_pct')}% of a core"
+                )
             if "latency_p50_ms" in r:
                 print(
                     f"{'':>21}  new event to an idle entity p50 {r['latency_p50_ms']} ms, p99 "
@@ -280,6 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--entities", type=int, default=ENTITIES)
     parser.add_argument("--handler-ms", type=float, default=HANDLER_MS)
     parser.add_argument("--server-pid", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.role == "child":
@@ -291,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.handler_ms,
                 args.entities,
                 args.server_pid or None,
+                args.concurrency,
             )
         else:
             result = asyncio.run(_run_natspy(args.url, args.messages, args.handler_ms))

@@ -50,6 +50,12 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="checkpoints only: entities the events are spread over (200)",
     )
+    bench.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="checkpoints only: the workers' concurrency (default: theirs, min(CPUs x 5, 20))",
+    )
     bench.add_argument("--json", action="store_true", help="one JSON object per line")
     bench.add_argument(
         "--anchors",
@@ -162,7 +168,10 @@ def _bench(args: argparse.Namespace) -> int:
 
         try:
             results = checkpoints.run(
-                args.messages, entities=args.entities or checkpoints.ENTITIES, as_json=args.json
+                args.messages,
+                entities=args.entities or checkpoints.ENTITIES,
+                concurrency=args.concurrency,
+                as_json=args.json,
             )
         except (LocalServerError, consume.BenchmarkError) as exc:
             print(f"headrace bench: {exc}", file=sys.stderr)

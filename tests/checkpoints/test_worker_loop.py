@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 from headrace.checkpoints import (
+    Checkpoint,
     CheckpointId,
     CheckpointStore,
     CheckpointWorkers,
@@ -292,3 +293,54 @@ async def test_the_watch_itself_survives_a_restart(nats_server: Any, natspy: Any
         state = await store.get(CheckpointId("billing", "ledger", "orders.1"))
     assert arrived["orders.1.after"].is_set(), (state, workers, consumer)
     assert workers.polls == 0
+
+
+async def test_a_new_event_costs_its_checkpoint_three_writes(nats_server: Any, natspy: Any) -> None:
+    """The global consumer's write, the reservation, and one advance that also releases it:
+    the release is not a write of its own (each write is also a watch entry for every host).
+    A second event to the entity costs the same three."""
+    await make_stream(natspy, nats_server.url)
+    js_py = natspy.nc.jetstream()
+    handled: list[str] = []
+    count = trio.Event()
+
+    async def handle(msg: Any) -> None:
+        handled.append(msg.subject)
+        count.set()
+
+    group = billing(handle)
+    cid = CheckpointId("billing", "ledger", "orders.1")
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        kv = await create_key_value(js, KeyValueConfig(bucket="cp", history=64))
+        store = CheckpointStore(kv)
+        workers = CheckpointWorkers(js, "EVENTS", group, store, poll_interval=3600)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(GlobalConsumer(js, "EVENTS", group, store, max_wait=0.05).run)
+            await nursery.start(workers.run)
+            for n, subject in enumerate(("orders.1.created", "orders.1.paid"), start=1):
+                await natspy.call(js_py.publish, subject, b"")
+                with trio.fail_after(10):
+                    while len(handled) < n:
+                        await count.wait()
+                        count = trio.Event()
+                # The handler has returned; its advance is written next.
+                with trio.fail_after(10):
+                    while True:
+                        history = await kv.history(cid.key)
+                        last = Checkpoint.from_json(cid, history[-1].value)
+                        if last.position == n and last.reservation is None:
+                            break
+                        await trio.sleep(0.01)  # KV state, no event to wait on here
+            nursery.cancel_scope.cancel()
+    states = [Checkpoint.from_json(cid, e.value) for e in history]
+    assert [(s.version, s.position, s.reservation is not None) for s in states] == [
+        (1, 0, False),  # created by the global consumer
+        (1, 0, True),  # reserved
+        (1, 1, False),  # advanced and released in one write
+        (2, 1, False),
+        (2, 1, True),
+        (2, 2, False),
+    ]
+    assert handled == ["orders.1.created", "orders.1.paid"]
+    assert workers.lost == 0

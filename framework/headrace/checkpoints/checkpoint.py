@@ -56,38 +56,36 @@ class Status(enum.StrEnum):
 
 
 # KV key tokens allow [-/_=a-zA-Z0-9]; anything else in a part (the dots of an entity subject
-# included) is written as =XX per UTF-8 byte, so a key splits back into its three parts.
-_PLAIN = re.compile(r"[-_a-zA-Z0-9]")
-_ESCAPE = re.compile(r"=([0-9A-F]{2})")
+# included) is written as =XX per UTF-8 byte, so a key splits back into its three parts. Keys
+# are escaped and read back for every checkpoint write and watch entry, so both directions take
+# whole runs with one regex rather than a character at a time.
+_UNSAFE = re.compile(r"[^-_a-zA-Z0-9]+")
+_TOKEN = re.compile(r"(?:[-_a-zA-Z0-9]|=[0-9A-F]{2})+")
+_ESCAPE = re.compile(rb"=([0-9A-F]{2})")
+
+
+def _escaped(run: re.Match[str]) -> str:
+    return "".join(f"={b:02X}" for b in run.group().encode())
 
 
 def _escape(part: str) -> str:
     if not part:
         raise ValueError("checkpoint id parts must not be empty")
-    return "".join(
-        ch if _PLAIN.fullmatch(ch) else "".join(f"={b:02X}" for b in ch.encode()) for ch in part
-    )
+    return _UNSAFE.sub(_escaped, part)
 
 
 def _unescape(token: str) -> str:
-    out = bytearray()
-    i = 0
-    while i < len(token):
-        ch = token[i]
-        if ch == "=":
-            escape = _ESCAPE.match(token, i)
-            if escape is None:
-                raise ValueError(f"bad escape at {i} in {token!r}")
-            out.append(int(escape.group(1), 16))
-            i += 3
-        elif _PLAIN.fullmatch(ch):
-            out += ch.encode()
-            i += 1
-        else:
-            raise ValueError(f"{ch!r} cannot stand in a checkpoint key token")
-    if not out:
-        raise ValueError("empty token")
-    return out.decode()
+    if _TOKEN.fullmatch(token) is None:
+        if not token:
+            raise ValueError("empty token")
+        bad = _TOKEN.match(token)
+        at = bad.end() if bad else 0
+        if token[at] == "=":
+            raise ValueError(f"bad escape at {at} in {token!r}")
+        raise ValueError(f"{token[at]!r} cannot stand in a checkpoint key token")
+    if "=" not in token:
+        return token
+    return _ESCAPE.sub(lambda m: bytes((int(m.group(1), 16),)), token.encode()).decode()
 
 
 @attrs.frozen(slots=True, order=True)

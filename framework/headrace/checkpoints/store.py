@@ -12,7 +12,7 @@ attempt, since reading again would not change the answer.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import attrs
 
@@ -56,6 +56,7 @@ class CheckpointStore:
         *,
         create: bool = False,
         current: Stored | None = None,
+        missing: bool = False,
     ) -> Stored:
         """Apply ``transition`` to the stored checkpoint and write the result, retrying on a
         lost race. ``create``: a missing checkpoint starts empty (else ``KeyNotFound``). An
@@ -63,8 +64,16 @@ class CheckpointStore:
         one's own last write), tried first without reading it: a worker's writes follow one
         another, so that saves a read each. Its write is conditional on its revision, so a
         stale one is refused and the change goes on as usual; a refusal or no change on it is
-        not trusted either, but checked on a fresh read."""
-        if current is not None:
+        not trusted either, but checked on a fresh read. ``missing`` (with ``create``): the
+        checkpoint was just read as absent (a batched read), so its creation is tried first;
+        if it was created meanwhile, the change goes on as usual."""
+        if missing and create:
+            new = transition(Checkpoint(id=checkpoint_id))
+            try:
+                return Stored(new, await self.kv.create(checkpoint_id.key, new.to_json()))
+            except WrongRevision:
+                pass
+        elif current is not None:
             try:
                 new = transition(current.checkpoint)
                 if new != current.checkpoint:
@@ -96,6 +105,16 @@ class CheckpointStore:
         raise CheckpointContention(
             f"checkpoint {checkpoint_id}: {MAX_ATTEMPTS} compare-and-set attempts lost in a row"
         )
+
+    async def get_many(self, checkpoint_ids: Sequence[CheckpointId]) -> dict[CheckpointId, Stored]:
+        """Those of ``checkpoint_ids`` that exist, as read at one moment, in one batched
+        Direct Get per 1024 (``KeyValue.get_many``) instead of a request each."""
+        keys = {cid.key: cid for cid in checkpoint_ids}
+        entries = await self.kv.get_many(list(keys))
+        return {
+            keys[key]: Stored(Checkpoint.from_json(keys[key], entry.value), entry.revision)
+            for key, entry in entries.items()
+        }
 
     async def all(self, group: str | None = None) -> AsyncIterator[Stored]:
         """Every checkpoint (of ``group``), all as read at one moment; a checkpoint deleted

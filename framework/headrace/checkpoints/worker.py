@@ -18,6 +18,7 @@ a server restarting or a stream without a leader is said and waited out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -97,6 +98,9 @@ class CheckpointWorkers:
     _unreleased: dict[CheckpointId, int] = attrs.field(factory=dict, init=False, repr=False)
     #: This worker's last write of each checkpoint it holds (store.change's ``current``).
     _last: dict[CheckpointId, Stored] = attrs.field(factory=dict, init=False, repr=False)
+    #: This worker's writes not yet seen back through the watch, by checkpoint: their entries
+    #: need not be decoded (the watch carries every write of every host, ours most of them).
+    _written: dict[CheckpointId, Stored] = attrs.field(factory=dict, init=False, repr=False)
     #: Whether the server answers batched Direct Gets (it does from 2.11).
     _batches: bool = attrs.field(default=True, init=False, repr=False)
     #: The last errors outside handlers (checkpoint, error), at most 100.
@@ -110,6 +114,8 @@ class CheckpointWorkers:
             s.name: s.handler is not None and takes_context(s.handler)
             for s in self.group.subscriptions
         }
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {self.concurrency}")
         if self.reservation <= 0 or self.poll_interval <= 0 or self.recovery_interval <= 0:
             raise ValueError("reservation, poll_interval and recovery_interval must be positive")
 
@@ -119,7 +125,6 @@ class CheckpointWorkers:
         taken as soon as the global consumer raises its version), a poll every
         ``poll_interval`` is the safety net, and either one failing is said
         (:attr:`outage`, a warning) and tried again, never the end of the host."""
-        limiter = trio.CapacityLimiter(self.concurrency)
         busy: set[CheckpointId] = set()
         backlog = Backlog(frozenset(s.name for s in self.group.subscriptions))
         async with trio.open_nursery() as nursery:
@@ -129,9 +134,11 @@ class CheckpointWorkers:
             nursery.start_soon(self._poll, backlog)
             task_status.started()
             while True:
-                for cid in backlog.due(self.clock(), busy):
-                    busy.add(cid)
-                    nursery.start_soon(self._guarded, cid, limiter, busy, backlog)
+                # Only as many as can run: the rest wait in the backlog, not as tasks.
+                free = self.concurrency - len(busy)
+                for seen in backlog.due(self.clock(), busy, free):
+                    busy.add(seen.checkpoint.id)
+                    nursery.start_soon(self._guarded, seen, busy, backlog, nursery)
                 await backlog.wait(backlog.next_retry(), self.clock())
 
     async def _watch(
@@ -166,8 +173,14 @@ class CheckpointWorkers:
         if entry.operation is not Operation.PUT:
             backlog.forget(cid)
             return
+        mine = self._written.get(cid)
+        if mine is not None and mine.revision <= entry.revision:
+            del self._written[cid]
+            if mine.revision == entry.revision:
+                backlog.note(mine)
+                return
         try:
-            backlog.note(Checkpoint.from_json(cid, entry.value))
+            backlog.note(Stored(Checkpoint.from_json(cid, entry.value), entry.revision))
         except CheckpointError as exc:  # one unreadable checkpoint: said, the rest go on
             self._note(cid, exc)
 
@@ -178,7 +191,7 @@ class CheckpointWorkers:
             await trio.sleep(self.poll_interval)
             try:
                 async for stored in self.store.all(self.group.name):
-                    backlog.note(stored.checkpoint)
+                    backlog.note(stored)
             except Exception as exc:
                 self._outage("poll", exc)
             else:
@@ -231,14 +244,14 @@ class CheckpointWorkers:
 
     async def _guarded(
         self,
-        cid: CheckpointId,
-        limiter: trio.CapacityLimiter,
+        seen: Stored,
         busy: set[CheckpointId],
         backlog: Backlog,
+        host: trio.Nursery,
     ) -> None:
+        cid = seen.checkpoint.id
         try:
-            async with limiter:
-                await self.process(cid)
+            await self._claimed(cid, seen, host)
         except Exception as exc:
             # One checkpoint's trouble (a KV or direct-get timeout, a checkpoint that does not
             # read back) must not stop the host: said, and the checkpoint left for a later poll.
@@ -251,17 +264,34 @@ class CheckpointWorkers:
             busy.discard(cid)
             backlog.changed()  # work noted for it meanwhile can be taken now
 
-    async def process(self, cid: CheckpointId) -> Checkpoint | None:
+    async def process(self, cid: CheckpointId, *, seen: Stored | None = None) -> Checkpoint | None:
+        """Reserve ``cid`` and process it (see :meth:`_claimed`); its reservation's renewals
+        run in a nursery of this call (under :meth:`run`, in the host's)."""
+        async with trio.open_nursery() as renewals:
+            try:
+                return await self._claimed(cid, seen, renewals)
+            finally:
+                renewals.cancel_scope.cancel()
+
+    async def _claimed(
+        self, cid: CheckpointId, seen: Stored | None, renewals: trio.Nursery
+    ) -> Checkpoint | None:
         """Reserve ``cid`` and process it up to its version (or its first failure); the
         checkpoint as left, or None when there was nothing to do for this worker (reserved by
-        another, no longer lagging or due, or taken over while it ran)."""
+        another, no longer lagging or due, or taken over while it ran). ``seen``: the
+        checkpoint as the watch last showed it, so that the reservation is tried on it without
+        reading it first (a stale one costs the read).
+
+        The write that ends the processing (caught up, or a failure) also releases the
+        reservation, so a new event costs three requests (reserve, read, advance) and its
+        checkpoint three watch entries; only a processing cut short (lost, cancelled, an
+        error) releases it in a write of its own."""
         owner = self.owner
         subscription = self.group.subscription(cid.subscription)
         handler = subscription.handler
         assert handler is not None  # checked when the workers were made
-        try:
-            stored = await self._change(cid, self._transition(_reserve))
-        except (AlreadyReserved, _NothingToDo):
+        stored, first = await self._reserve(cid, seen)
+        if stored is None:
             return None
         reserved = stored.checkpoint
         assert reserved.reservation is not None
@@ -271,27 +301,23 @@ class CheckpointWorkers:
         error: Exception | None = None
         try:
             # The reservation is renewed in the background while we hold it (a handler may
-            # outlive it); losing it cancels the processing (fencing.py). The processing's own
-            # errors are taken out of the nursery so that they are not wrapped in a group.
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    keep_held,
-                    self.store,
-                    ctx,
-                    self._transition(_renew),
-                    self.reservation / 3,
-                    nursery.cancel_scope,
-                    lambda exc: self._note(cid, exc),
-                )
+            # outlive it); losing it cancels the processing (fencing.py). The renewal runs in
+            # ``renewals``, not in a nursery of its own here: ending the processing then only
+            # cancels it, without waiting for it to wake up and finish.
+            renewal = trio.CancelScope()
+            with trio.CancelScope() as processing:
+                renewals.start_soon(self._keep_held, ctx, renewal, processing)
                 try:
-                    left = await self._process(cid, reserved, subscription, handler)
+                    left = await self._process(cid, reserved, subscription, handler, first)
                 except Exception as exc:
                     error = exc
                 finally:
-                    nursery.cancel_scope.cancel()
+                    renewal.cancel()
             if error is not None:
                 raise error
-            if ctx.lost is not None:
+            if ctx.lost is not None and not _released_by(left, owner, ctx.fence):
+                # (A renewal that raced with the final write, which released the checkpoint,
+                # finds it not held: not a loss.)
                 raise ReservationLost(ctx.lost)
             return left
         except ReservationLost as exc:
@@ -304,16 +330,72 @@ class CheckpointWorkers:
             return None
         finally:
             del self._holding[cid]
-            # However it ends (cancelled included): give the checkpoint back at once, rather
-            # than leave it reserved until expiry (only if it is still this claim).
-            with trio.move_on_after(5, shield=True) as releasing:
-                try:
-                    await self._change(cid, _released(owner, ctx.fence))
-                except Exception:  # a server restarting: released again later
+            last = self._last.pop(cid, None)
+            if last is None or last.checkpoint.held_by(owner, ctx.fence):
+                # Cut short (cancelled included): give the checkpoint back at once, rather
+                # than leave it reserved until expiry (only if it is still this claim).
+                with trio.move_on_after(5, shield=True) as releasing:
+                    try:
+                        await self.store.change(cid, _released(owner, ctx.fence), current=last)
+                    except Exception:  # a server restarting: released again later
+                        self._unreleased[cid] = ctx.fence
+                if releasing.cancelled_caught:
                     self._unreleased[cid] = ctx.fence
-            if releasing.cancelled_caught:
-                self._unreleased[cid] = ctx.fence
-            self._last.pop(cid, None)
+
+    async def _keep_held(
+        self, ctx: HandlerContext, renewal: trio.CancelScope, processing: trio.CancelScope
+    ) -> None:
+        """Renew ``ctx``'s reservation until ``renewal`` is cancelled (the processing ended);
+        a loss cancels ``processing``. A renewal still under way when the processing ends
+        may wake up after it: it writes only while this same processing holds the checkpoint
+        (the identity of ``ctx`` in ``_holding``), never after the final write released it."""
+        owner, cid = self.owner, ctx.checkpoint
+
+        def renew(cp: Checkpoint) -> Checkpoint:
+            if self._holding.get(cid) is not ctx or not cp.held_by(owner, ctx.fence):
+                holder = cp.reservation.owner if cp.reservation else "nobody"
+                raise ReservationLost(
+                    f"reserved by {holder} with fence {cp.fence}, not by {owner} with "
+                    f"fence {ctx.fence}"
+                )
+            return _renew(cp, owner, self.clock(), self.reservation)
+
+        with renewal:
+            await keep_held(
+                self.store,
+                ctx,
+                renew,
+                self.reservation / 3,
+                processing,
+                lambda exc: self._note(cid, exc),
+            )
+
+    async def _reserve(
+        self, cid: CheckpointId, seen: Stored | None
+    ) -> tuple[Stored | None, list[StoredMessage]]:
+        """Reserve ``cid`` (None when there is nothing to do for this worker), and read its
+        next message meanwhile: the read does not depend on the reservation, only on the
+        position, so it is sent with it rather than after it, and a new event waits for two
+        round trips and its handler instead of three. What was read is returned (the next
+        message last) only if the reservation found the position the read started from."""
+        read_from = seen.checkpoint.position if seen is not None else None
+        first: list[StoredMessage] = []
+
+        async def read_ahead(position: int) -> None:
+            with contextlib.suppress(Exception):  # read again once reserved
+                first.extend(await self._read_ahead(cid, position, 1))
+
+        async with trio.open_nursery() as nursery:
+            if read_from is not None:
+                nursery.start_soon(read_ahead, read_from)
+            try:
+                stored = await self._change(cid, self._transition(_reserve), current=seen)
+            except (AlreadyReserved, _NothingToDo):
+                nursery.cancel_scope.cancel()
+                return None, []
+        if stored.checkpoint.position != read_from:
+            first.clear()
+        return stored, first
 
     async def _release_left(self) -> None:
         """Every second: release again what a failed release left reserved (the server
@@ -332,16 +414,21 @@ class CheckpointWorkers:
                     del self._unreleased[cid]
 
     async def _change(
-        self, cid: CheckpointId, transition: Callable[[Checkpoint], Checkpoint]
+        self,
+        cid: CheckpointId,
+        transition: Callable[[Checkpoint], Checkpoint],
+        current: Stored | None = None,
     ) -> Stored:
         """``store.change``, starting from this worker's last write of ``cid`` (its writes
-        follow one another: a read saved each; a stale one costs the read back)."""
+        follow one another: a read saved each; a stale one costs the read back), or from
+        ``current`` before the first."""
         try:
-            stored = await self.store.change(cid, transition, current=self._last.get(cid))
+            stored = await self.store.change(cid, transition, current=self._last.get(cid, current))
         except BaseException:
             self._last.pop(cid, None)
             raise
         self._last[cid] = stored
+        self._written[cid] = stored
         return stored
 
     def _note(self, cid: CheckpointId, exc: Exception) -> None:
@@ -367,12 +454,18 @@ class CheckpointWorkers:
             ctx.seq = 0
 
     async def _process(
-        self, cid: CheckpointId, cp: Checkpoint, subscription: Subscription, handler: Handler
+        self,
+        cid: CheckpointId,
+        cp: Checkpoint,
+        subscription: Subscription,
+        handler: Handler,
+        ahead: list[StoredMessage],
     ) -> Checkpoint:
+        """Handle ``cid``'s messages from its position up to its version (``ahead``: those
+        already read, the next one last)."""
         position = cp.position
         header = self.group.type_header
-        ahead: list[StoredMessage] = []  # read, not yet handled; the next one last
-        size = 1
+        size = 2 if ahead else 1
         while position < cp.version:
             if not ahead:
                 ahead = await self._read_ahead(cid, position, size)
@@ -490,8 +583,13 @@ def _owned(cp: Checkpoint, owner: str, now: float, timeout: float, position: int
 
 
 def _advance(position: int) -> Callable[[Checkpoint, str, float, float], Checkpoint]:
+    """Processed up to ``position``; released in the same write once that catches up with
+    the version (as stored: a version raised meanwhile keeps the reservation, and the worker
+    goes on)."""
+
     def step(cp: Checkpoint, owner: str, now: float, timeout: float) -> Checkpoint:
-        return _owned(cp, owner, now, timeout, position).advanced(position)
+        done = _owned(cp, owner, now, timeout, position).advanced(position)
+        return done if done.lagging else done.release()
 
     return step
 
@@ -499,10 +597,19 @@ def _advance(position: int) -> Callable[[Checkpoint, str, float, float], Checkpo
 def _fail(
     position: int, seq: int, error: BaseException, decision: Retry | GiveUp
 ) -> Callable[[Checkpoint, str, float, float], Checkpoint]:
+    """A failure at ``seq``, written with the reservation released: it ends the processing."""
+
     def step(cp: Checkpoint, owner: str, now: float, timeout: float) -> Checkpoint:
-        return _owned(cp, owner, now, timeout, position).failed(error, decision, now, seq)
+        owned = _owned(cp, owner, now, timeout, position)
+        return owned.failed(error, decision, now, seq).release()
 
     return step
+
+
+def _released_by(cp: Checkpoint | None, owner: str, fence: int) -> bool:
+    """Whether ``cp``, this worker's last write, gave up ``owner``'s claim ``fence``: the
+    processing ended in its own write."""
+    return cp is not None and cp.reservation is None and cp.fence == fence
 
 
 def _release_if_expired(now: float) -> Callable[[Checkpoint], Checkpoint]:
