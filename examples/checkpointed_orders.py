@@ -77,7 +77,8 @@ async def main() -> None:
                 for cp in await operators.view(store, "failed"):
                     print("  " + operators.describe(cp, time.time()))
                 print("skipping the declined payment:")
-                await operators.skip(store, stuck)
+                assert stored.checkpoint.failing_seq is not None
+                await operators.skip(store, stuck, failing=stored.checkpoint.failing_seq)
                 await last_of_order_3.wait()
                 nursery.cancel_scope.cancel()
 

@@ -107,6 +107,44 @@ def test_skip_moves_past_the_failing_message() -> None:
         skipped.advanced(1)
 
 
+def test_counting_never_counts_an_event_twice() -> None:
+    cp = Checkpoint(id=CID).counted([3, 5])
+    assert (cp.version, cp.seen_events) == (5, 2)
+    # The same batch again (redelivered after its write), then one overlapping it.
+    assert cp.counted([3, 5]) == cp
+    again = cp.counted([5, 8])
+    assert (again.version, again.seen_events) == (8, 3)
+    assert again.counted([]) == again
+
+
+def test_a_checkpoint_stored_before_counting_starts_counting_once_caught_up() -> None:
+    old = Checkpoint.from_json(CID, b'{"version": 4, "position": 1, "status": "active"}')
+    assert old.seen_events is None and old.processed_events is None
+    assert old.counted([6]).seen_events is None  # not counted: no false loss later
+    caught_up = old.counted([6]).advanced(6)
+    assert caught_up.events_missing == 0
+    counting = caught_up.caught_up_counts()
+    assert (counting.seen_events, counting.processed_events) == (0, 0)
+    assert counting.counted([7]).seen_events == 1
+
+
+def test_missing_events_count_only_once_caught_up() -> None:
+    cp = attrs.evolve(Checkpoint(id=CID).counted([1, 2, 3, 4]), processed_events=1)
+    assert cp.events_missing == 0  # behind: the rest may still come
+    assert cp.advanced(4).events_missing == 3
+    assert attrs.evolve(cp.advanced(4), processed_events=5).events_missing == 0
+
+
+def test_skip_counts_the_skipped_event_or_accepts_what_is_missing() -> None:
+    cp = attrs.evolve(Checkpoint(id=CID).counted([1, 2, 3]), processed_events=1)
+    handler_failed = cp.advanced(1).failed(ValueError("x"), GiveUp(0), now=0, seq=2)
+    skipped = handler_failed.skip()
+    assert (skipped.position, skipped.processed_events) == (2, 2)
+    gone = cp.advanced(1).failed(ValueError("gone"), GiveUp(0), now=0, seq=3)
+    accepted = gone.skip()
+    assert (accepted.position, accepted.processed_events, accepted.seen_events) == (3, 3, 3)
+
+
 checkpoints = st.builds(
     Checkpoint,
     id=st.just(CID),
@@ -117,6 +155,8 @@ checkpoints = st.builds(
     retry_at=st.none() | st.floats(0, 2e9),
     error=st.none() | st.text(max_size=50),
     failing_seq=st.none() | st.integers(0, 10**12),
+    seen_events=st.none() | st.integers(0, 10**9),
+    processed_events=st.none() | st.integers(0, 10**9),
     reservation=st.none()
     | st.builds(
         lambda o, t: Checkpoint(id=CID).reserve(o, 0, t).reservation,

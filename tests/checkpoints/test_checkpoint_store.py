@@ -109,4 +109,10 @@ async def test_listing_and_the_stored_form_for_other_clients(
     await natspy.connect(nats_server.url)
     kv = await natspy.call(natspy.nc.jetstream().key_value, "checkpoints")
     entry = await natspy.call(kv.get, CID.key)
-    assert json.loads(entry.value) == {"version": 2, "position": 0, "status": Status.ACTIVE}
+    assert json.loads(entry.value) == {
+        "version": 2,
+        "position": 0,
+        "status": Status.ACTIVE,
+        "seen_events": 0,
+        "processed_events": 0,
+    }

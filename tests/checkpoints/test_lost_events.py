@@ -135,13 +135,102 @@ async def test_a_purge_under_a_running_host_fails_the_checkpoints_it_left_behind
                     assert cp.position == handled[f"orders.{n}"][-1] < cp.version
                     assert cp.failing_seq == cp.version and cp in lagging
                 # An operator's skip accepts the loss; the entity's next event is handled.
-                skipped = await operators.skip(store, CheckpointId("billing", "ledger", "orders.1"))
+                one = CheckpointId("billing", "ledger", "orders.1")
+                cp1 = await store.get(one)
+                assert cp1 is not None and cp1.checkpoint.failing_seq is not None
+                skipped = await operators.skip(store, one, failing=cp1.checkpoint.failing_seq)
                 assert (skipped.status, skipped.position) == (Status.ACTIVE, skipped.version)
                 await natspy.call(jsp.publish, "orders.1.after", b"")
                 with trio.fail_after(20):
                     await after.wait()
                 nursery.cancel_scope.cancel()
     assert workers.errors == []
+
+
+async def test_events_gone_in_the_middle_of_a_backlog_fail_the_checkpoint(
+    nats_server: Any, natspy: Any
+) -> None:
+    """The global consumer counted five events of orders.1; two are deleted before any worker
+    runs. The worker handles the three left, and instead of reporting the entity caught up,
+    parks it as failed with the count; an operator's retry accepts the loss, and the next
+    event is handled with the counts agreeing again. orders.2 is untouched."""
+    jsp = await publish(natspy, nats_server.url, entities=2, events=5, allow_direct=True)
+    handled: list[str] = []
+    after = trio.Event()
+
+    async def handle(msg: Any) -> None:
+        handled.append(msg.subject)
+        if msg.subject == "orders.1.after":
+            after.set()
+
+    one = CheckpointId("billing", "ledger", "orders.1")
+    two = CheckpointId("billing", "ledger", "orders.2")
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
+        workers = CheckpointWorkers(js, "EVENTS", billing(handle), store, poll_interval=3600)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(GlobalConsumer(js, "EVENTS", billing(), store).run)
+            await wait_consumer(
+                natspy,
+                lambda info: info.ack_floor.stream_seq == 10,
+                stream="EVENTS",
+                durable=durable_name("billing"),
+            )
+            # orders.1's events are the odd sequences: e2 is #5, e3 is #7.
+            for seq in (5, 7):
+                await natspy.call(jsp.delete_msg, "EVENTS", seq)
+            with pytest.warns(RuntimeWarning, match="2 of the 5 events of orders.1 counted"):
+                await nursery.start(workers.run)
+                with trio.fail_after(20):
+                    while workers.missing < 1:  # noqa: ASYNC110 - a counter, no event
+                        await trio.sleep(0.02)
+            stored = await store.get(one)
+            assert stored is not None
+            cp = stored.checkpoint
+            assert cp.status is Status.FAILED and cp.reservation is None, cp
+            assert cp.error is not None and cp.error.startswith(
+                "MissingEvents: 2 of the 5 events of orders.1 counted up to #9 are gone"
+            )
+            # Every event still there was handled, in order; the loss is what is reported.
+            assert [s for s in handled if s.startswith("orders.1.")] == [
+                "orders.1.e0",
+                "orders.1.e1",
+                "orders.1.e4",
+            ]
+            assert (cp.position, cp.version, cp.failing_seq) == (9, 9, 9)
+            with trio.fail_after(20):
+                while True:
+                    other = await store.get(two)
+                    if other is not None and other.checkpoint.position == 10:
+                        break
+                    await trio.sleep(0.02)  # KV state, no event to wait on
+            assert other.checkpoint.status is Status.ACTIVE
+            assert other.checkpoint.seen_events == other.checkpoint.processed_events == 5
+
+            await operators.retry(store, one, position=9)
+            with trio.fail_after(20):
+                while True:
+                    back = await store.get(one)
+                    assert back is not None
+                    if back.checkpoint.status is Status.ACTIVE:
+                        break
+                    await trio.sleep(0.02)  # KV state, no event to wait on
+            await natspy.call(jsp.publish, "orders.1.after", b"")
+            with trio.fail_after(20):
+                await after.wait()
+            with trio.fail_after(20):
+                while True:
+                    last = await store.get(one)
+                    assert last is not None
+                    if last.checkpoint.position == last.checkpoint.version:
+                        break
+                    await trio.sleep(0.02)  # KV state, no event to wait on
+            nursery.cancel_scope.cancel()
+    assert last.checkpoint.status is Status.ACTIVE
+    assert last.checkpoint.seen_events == last.checkpoint.processed_events == 6
+    assert workers.missing == 1 and workers.errors == []
+    assert handled.count("orders.1.e4") == 1 and len(handled) == 3 + 5 + 1
 
 
 class StuckStore(CheckpointStore):

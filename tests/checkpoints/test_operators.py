@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 from headrace.checkpoints import (
+    Checkpoint,
     CheckpointError,
     CheckpointId,
     CheckpointMoved,
@@ -91,14 +92,14 @@ async def test_lagging_shows_checkpoints_behind_in_retry_or_failed(
 async def test_actions(store: CheckpointStore) -> None:
     retried = await operators.retry(store, FAILED, clock=lambda: 5000)
     assert (retried.status, retried.retry_at, retried.attempt) == (Status.RETRY, 5000, 1)
-    skipped = await operators.skip(store, FAILED)
+    skipped = await operators.skip(store, FAILED, failing=7)
     assert (skipped.status, skipped.position) == (Status.ACTIVE, 7)
     released = await operators.release(store, RESERVED)
     assert released.reservation is None
     with pytest.raises(CheckpointError, match="nothing to retry"):
         await operators.retry(store, LAGGING)
     with pytest.raises(CheckpointError, match="nothing to skip"):
-        await operators.skip(store, LAGGING)
+        await operators.skip(store, LAGGING, failing=1)
 
 
 async def cli(*args: str) -> tuple[int, str, str]:
@@ -124,8 +125,9 @@ async def test_command_line(store: CheckpointStore, nats_server: Any) -> None:
         "billing/ledger/orders.4",
     ]
     assert (rows[0]["status"], rows[1]["version"]) == ("failed", 8)
-    code, out, err = await cli("skip", "billing/ledger/orders.2", *url)
+    code, out, err = await cli("skip", "--failing", "7", "billing/ledger/orders.2", *url)
     assert code == 0, err
+    assert out.startswith("skipped billing/ledger/orders.2 message #7")
     assert "active  7/9" in out
     stored = await store.get(FAILED)
     assert stored is not None and stored.checkpoint.position == 7
@@ -138,7 +140,10 @@ async def test_command_line(store: CheckpointStore, nats_server: Any) -> None:
     ("args", "message"),
     [
         (["retry", "billing/ledger/orders.3"], "nothing to retry"),
-        (["skip", "billing/ledger/nope"], "no such checkpoint"),
+        (["skip", "--failing", "3", "billing/ledger/nope"], "no such checkpoint"),
+        (["skip", "billing/ledger/orders.2"], "skip needs --failing S"),
+        (["skip", "--failing", "8", "billing/ledger/orders.2"], "not failing at message #8"),
+        (["release", "--failing", "7", "billing/ledger/orders.2"], "takes no --failing"),
         (["retry"], "retry needs an ID"),
         (["failed", "billing/ledger/orders.2"], "failed takes no ID"),
         (["list", "--bucket", "missing"], "missing"),
@@ -158,13 +163,13 @@ def test_retry_decisions_are_values() -> None:
 
 async def test_skip_and_retry_act_only_at_the_position_they_name(store: CheckpointStore) -> None:
     with pytest.raises(CheckpointMoved, match="at position 4, not 3"):
-        await operators.skip(store, FAILED, position=3)
-    skipped = await operators.skip(store, FAILED, position=4)
+        await operators.skip(store, FAILED, failing=7, position=3)
+    skipped = await operators.skip(store, FAILED, failing=7, position=4)
     assert (skipped.status, skipped.position) == (Status.ACTIVE, 7)
     # The next message fails too; the same skip again must not skip it.
     await store.change(FAILED, lambda cp: cp.failed(ValueError("again"), GiveUp(10), 0, 8))
-    with pytest.raises(CheckpointMoved, match="at position 7, not 4"):
-        await operators.skip(store, FAILED, position=4)
+    with pytest.raises(CheckpointMoved, match="not failing at message #7"):
+        await operators.skip(store, FAILED, failing=7)
     after = await store.get(FAILED)
     assert after is not None and (after.checkpoint.position, after.checkpoint.failing_seq) == (
         7,
@@ -177,7 +182,28 @@ async def test_skip_and_retry_act_only_at_the_position_they_name(store: Checkpoi
     with pytest.raises(CheckpointMoved, match="at position 7, not 6"):
         await operators.retry(store, FAILED, position=6)
     with pytest.raises(ValueError, match="not negative"):
-        await operators.skip(store, FAILED, position=-1)
+        await operators.skip(store, FAILED, failing=8, position=-1)
+    with pytest.raises(ValueError, match="at least 1"):
+        await operators.skip(store, FAILED, failing=0)
+    with pytest.raises(CheckpointMoved, match="not failing at message #9"):
+        await operators.retry(store, FAILED, failing=9)
+
+
+async def test_a_skip_run_again_refuses_a_new_failure_at_the_same_position(
+    store: CheckpointStore,
+) -> None:
+    """A failure that does not move the position (events gone from the stream: position and
+    failing message are the version), skipped, then a new failure at the same position: the
+    same skip again names the old message, so it is refused instead of losing the new one."""
+    gone = Checkpoint(id=FAILED, version=9, position=9).failed(ValueError("gone"), GiveUp(0), 0, 9)
+    await store.change(FAILED, lambda cp: gone)
+    skipped = await operators.skip(store, FAILED, failing=9, position=9)
+    assert (skipped.status, skipped.position) == (Status.ACTIVE, 9)
+    await store.change(FAILED, lambda cp: cp.seen(11).failed(ValueError("new"), GiveUp(0), 0, 11))
+    with pytest.raises(CheckpointMoved, match="not failing at message #9"):
+        await operators.skip(store, FAILED, failing=9, position=9)
+    after = await store.get(FAILED)
+    assert after is not None and after.checkpoint.failing_seq == 11
 
 
 async def twice_at_once(*args: str) -> list[tuple[int, str, str]]:
@@ -197,7 +223,7 @@ async def test_the_same_skip_or_retry_from_two_commands_at_once_acts_once(
     store: CheckpointStore, nats_server: Any
 ) -> None:
     url = ("--nats", nats_server.url)
-    results = await twice_at_once("skip", str(FAILED), *url)
+    results = await twice_at_once("skip", "--failing", "7", str(FAILED), *url)
     assert sorted(code for code, _, _ in results) == [0, 2], results
     (refused,) = [err for code, _, err in results if code == 2]
     assert "nothing to skip" in refused or "moved" in refused or "changed" in refused, refused
@@ -212,8 +238,11 @@ async def test_the_same_skip_or_retry_from_two_commands_at_once_acts_once(
     after = await store.get(FAILED)
     assert after is not None
     assert (after.checkpoint.position, after.checkpoint.status) == (7, Status.RETRY)
-    # A skip naming the position it was shown is refused once the checkpoint moved.
-    code, _, err = await cli("skip", str(FAILED), "--position", "4", *url)
+    # A skip naming the message (and the position) it was shown is refused once the
+    # checkpoint moved on.
+    code, _, err = await cli("skip", str(FAILED), "--failing", "7", "--position", "4", *url)
+    assert code == 2 and "not failing at message #7" in err, err
+    code, _, err = await cli("skip", str(FAILED), "--failing", "8", "--position", "4", *url)
     assert code == 2 and "at position 7, not 4" in err, err
     code, _, err = await cli("release", str(FAILED), "--position", "7", *url)
     assert code == 2 and "release takes no --position" in err, err

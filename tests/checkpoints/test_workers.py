@@ -430,7 +430,7 @@ async def test_stale_work_deleted_messages_and_unknown_subscriptions(
         )
         assert lost.error is not None and lost.error.startswith("MissingEvents:")
         assert workers.missing == 1 and workers.failures == 0
-        done = await operators.skip(store, one)
+        done = await operators.skip(store, one, failing=26)
         assert (done.position, done.version, done.status) == (26, 26, Status.ACTIVE)
         assert handled == []
         # A checkpoint of a subscription this host does not know is left to the hosts that do.
@@ -459,8 +459,8 @@ async def test_operators_do_not_retry_or_skip_work_in_progress(
             create=True,
         )
         with pytest.raises(CheckpointError, match="being processed by 'h'"):
-            await operators.skip(store, cid)
+            await operators.skip(store, cid, failing=3)
         with pytest.raises(CheckpointError, match="release it first"):
             await operators.retry(store, cid)
         await operators.release(store, cid)
-        assert (await operators.skip(store, cid)).position == 3
+        assert (await operators.skip(store, cid, failing=3)).position == 3

@@ -15,8 +15,10 @@ the caller's. Every transition returns a new checkpoint.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -96,30 +98,51 @@ class CheckpointId:
     group: str
     subscription: str
     stream: str
+    #: The KV key, escaped once: every write and watch entry of the checkpoint names it.
+    _key: str = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         for name in ("group", "subscription", "stream"):
             if not getattr(self, name):
                 raise ValueError(f"checkpoint {name} must not be empty")
+        key = ".".join(_escape(p) for p in (self.group, self.subscription, self.stream))
+        object.__setattr__(self, "_key", key)
 
     @property
     def key(self) -> str:
         """The KV key: ``<group>.<subscription>.<stream>``, each part escaped."""
-        return ".".join(_escape(p) for p in (self.group, self.subscription, self.stream))
+        return self._key
 
     @classmethod
     def from_key(cls, key: str) -> CheckpointId:
-        parts = key.split(".")
-        if len(parts) != 3:
-            raise InvalidCheckpoint(f"a checkpoint key has three tokens, not {len(parts)}: {key!r}")
-        try:
-            group, subscription, stream = (_unescape(p) for p in parts)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise InvalidCheckpoint(f"checkpoint key {key!r}: {exc}") from exc
-        return cls(group, subscription, stream)
+        """The checkpoint a KV key names (:class:`InvalidCheckpoint` if it names none). The
+        last 65,536 are remembered: a host reads the key of every change of its group."""
+        found = _from_key(key)
+        if isinstance(found, InvalidCheckpoint):
+            raise found
+        return found
 
     def __str__(self) -> str:
         return f"{self.group}/{self.subscription}/{self.stream}"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _from_key(key: str) -> CheckpointId | InvalidCheckpoint:
+    parts = key.split(".")
+    if len(parts) != 3:
+        return InvalidCheckpoint(f"a checkpoint key has three tokens, not {len(parts)}: {key!r}")
+    try:
+        group, subscription, stream = (_unescape(p) for p in parts)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return InvalidCheckpoint(f"checkpoint key {key!r}: {exc}")
+    return CheckpointId(group, subscription, stream)
+
+
+#: One encoder for every write (``json.dumps`` with separators makes a new one per call).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+#: A new checkpoint counts its events from the entity's first (typed so for the counts' fields).
+_COUNTED_FROM_START: int | None = 0
 
 
 @attrs.frozen(slots=True)
@@ -150,6 +173,17 @@ class Checkpoint:
     #: The fencing token of the latest reservation: raised by each new claim (never by a
     #: renewal), so a stale holder's token is below the current one.
     fence: int = attrs.field(default=0, validator=non_negative)
+    #: How many of the entity's events (those of this subscription) the global consumer has
+    #: counted up to ``version``, and how many workers have processed up to ``position``;
+    #: None when not counted (a checkpoint stored before these were). Fewer processed than
+    #: counted once caught up means events went missing from the stream before they were
+    #: handled, in the middle of the backlog (not only the last one).
+    seen_events: int | None = attrs.field(
+        default=_COUNTED_FROM_START, validator=attrs.validators.optional(non_negative)
+    )
+    processed_events: int | None = attrs.field(
+        default=_COUNTED_FROM_START, validator=attrs.validators.optional(non_negative)
+    )
 
     # -- looking at it ----------------------------------------------------------------------
 
@@ -170,6 +204,28 @@ class Checkpoint:
     def seen(self, version: int) -> Checkpoint:
         """The global consumer saw the entity's stream at ``version`` (never moves back)."""
         return attrs.evolve(self, version=max(self.version, version))
+
+    def counted(self, seqs: Iterable[int]) -> Checkpoint:
+        """The global consumer read these of the entity's events (stream sequences): the
+        version is raised to the highest, and those past the version are counted. Applying
+        it again (a batch redelivered after its write) counts nothing twice."""
+        seqs = list(seqs)
+        if not seqs:
+            return self
+        seen_events = self.seen_events
+        if seen_events is not None:
+            seen_events += sum(1 for seq in seqs if seq > self.version)
+        return attrs.evolve(self, version=max(self.version, *seqs), seen_events=seen_events)
+
+    @property
+    def events_missing(self) -> int:
+        """Caught up, how many counted events were never processed (gone from the stream
+        before a worker read them); 0 when not caught up or not counted."""
+        if self.position < self.version or self.seen_events is None:
+            return 0
+        if self.processed_events is None:
+            return 0
+        return max(0, self.seen_events - self.processed_events)
 
     def reserve(self, owner: str, now: float, timeout: float) -> Checkpoint:
         """Claimed by ``owner`` until ``now + timeout``; :class:`AlreadyReserved` when another
@@ -251,7 +307,18 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.id} is active: there is nothing to skip")
         if self.failing_seq is None:
             raise CheckpointError(f"checkpoint {self.id} does not say which message failed")
-        return self.advanced(max(self.position, self.failing_seq))
+        skipped = self.advanced(max(self.position, self.failing_seq))
+        if skipped.lagging and skipped.processed_events is not None:
+            # The failing message is one of the counted events: it counts as processed.
+            return attrs.evolve(skipped, processed_events=skipped.processed_events + 1)
+        return skipped.caught_up_counts()
+
+    def caught_up_counts(self) -> Checkpoint:
+        """Caught up: the processed count set to the counted one (events found missing are
+        accepted, and counting starts on a checkpoint stored before it was counted)."""
+        if self.seen_events is None or self.processed_events is None:
+            return attrs.evolve(self, seen_events=0, processed_events=0)
+        return attrs.evolve(self, processed_events=self.seen_events)
 
     # -- stored form --------------------------------------------------------------------------
 
@@ -274,7 +341,11 @@ class Checkpoint:
             state["reserved_until"] = self.reservation.expires_at
         if self.fence:
             state["fence"] = self.fence
-        return json.dumps(state, separators=(",", ":")).encode()
+        if self.seen_events is not None:
+            state["seen_events"] = self.seen_events
+        if self.processed_events is not None:
+            state["processed_events"] = self.processed_events
+        return _COMPACT.encode(state).encode()
 
     @classmethod
     def from_json(cls, checkpoint_id: CheckpointId, data: bytes) -> Checkpoint:
@@ -305,6 +376,8 @@ class Checkpoint:
                 failing_seq=None if failing is None else _int(failing),
                 reservation=reservation,
                 fence=_int(state.get("fence", 0)),
+                seen_events=_optional_int(state.get("seen_events")),
+                processed_events=_optional_int(state.get("processed_events")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidCheckpoint(f"{where}: {type(exc).__name__}: {exc}") from exc
@@ -314,6 +387,10 @@ def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
     return value
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
 
 
 def _number(value: Any) -> float:

@@ -4,9 +4,10 @@ A reservation is a lease: it expires ``reservation`` seconds after it was last w
 handler may run longer than that, or its host may stall (a GC pause, SIGSTOP, a slow disk);
 if nothing renewed the lease in the meantime, another host would take the entity over and two
 handlers would run on it at once, their effects landing out of order. So a worker renews the
-reservation in the background while it holds the entity (every third of the reservation), and
-when a renewal finds the reservation gone (:class:`~.checkpoint.ReservationLost`), or cannot
-renew it before the local expiry, it cancels the handler.
+reservation in the background while it holds the entity (once a third of it has passed; one
+renewal task per host looks at every reservation it holds), and when a renewal finds the
+reservation gone (:class:`~.checkpoint.ReservationLost`), or cannot renew it before the local
+expiry, it cancels the handler.
 
 Renewal cannot cover a host that is stopped: when it resumes, its handler may run a step before
 the renewal task notices. Two things fence it. Every new claim raises the checkpoint's
@@ -77,37 +78,38 @@ def takes_context(handler: Callable[..., object]) -> bool:
     return sum(p.kind in positional for p in parameters) >= 2
 
 
-async def keep_held(
+async def renew_once(
     store: CheckpointStore,
     ctx: HandlerContext,
     renew: Callable[[Checkpoint], Checkpoint],
-    every: float,
     on_lost: trio.CancelScope,
     on_error: Callable[[Exception], None],
 ) -> None:
-    """Renew ``ctx``'s reservation every ``every`` seconds until cancelled. ``renew`` raises
-    :class:`ReservationLost` when the stored reservation is not ours any more; then, or when no
-    renewal got through before the local expiry (the server unreachable: another host may take
-    over once it is back), ``ctx.lost`` says why and ``on_lost`` is cancelled."""
-    while True:
-        await trio.sleep(every)
-        # A renewal that cannot get through before the expiry is too late anyway.
-        with trio.move_on_at(_trio_deadline(ctx.expires_at, ctx.clock())):
-            try:
-                stored = await store.change(ctx.checkpoint, renew)
-            except ReservationLost as exc:
-                ctx.lost = str(exc)
-                on_lost.cancel()
-                return
-            except Exception as exc:  # a KV hiccup: said, and tried again next round
-                on_error(exc)
-            else:
-                if stored.checkpoint.reservation is not None:
-                    ctx.expires_at = stored.checkpoint.reservation.expires_at
-        if not ctx.held():
-            ctx.lost = f"not renewed before it expired at {ctx.expires_at:.3f}"
-            on_lost.cancel()
+    """Renew ``ctx``'s reservation once. ``renew`` raises :class:`ReservationLost` when the
+    stored reservation is not ours any more; then, or when the renewal did not get through
+    before the local expiry (the server unreachable: another host may take over once it is
+    back), ``ctx.lost`` says why and ``on_lost`` is cancelled. Any other failure is said
+    (``on_error``) and left for the next renewal."""
+    # A renewal that cannot get through before the expiry is too late anyway.
+    with trio.move_on_at(_trio_deadline(ctx.expires_at, ctx.clock())):
+        try:
+            stored = await store.change(ctx.checkpoint, renew)
+        except ReservationLost as exc:
+            lose(ctx, on_lost, str(exc))
             return
+        except Exception as exc:  # a KV hiccup: said, and tried again next round
+            on_error(exc)
+        else:
+            if stored.checkpoint.reservation is not None:
+                ctx.expires_at = stored.checkpoint.reservation.expires_at
+    if not ctx.held():
+        lose(ctx, on_lost, f"not renewed before it expired at {ctx.expires_at:.3f}")
+
+
+def lose(ctx: HandlerContext, processing: trio.CancelScope, why: str) -> None:
+    """The reservation is lost: the handler learns why, and its processing is cancelled."""
+    ctx.lost = ctx.lost or why
+    processing.cancel()
 
 
 def _trio_deadline(expires_at: float, now: float) -> float:

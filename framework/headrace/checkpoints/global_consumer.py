@@ -4,7 +4,9 @@ into work, raising each affected checkpoint's version (Beckett's model).
 It reads with a durable pull consumer (``checkpoints_<group>``), so its ack floor is the
 group's global checkpoint: a batch is acked only after every checkpoint it touches was written,
 and a crash in between re-reads the batch, which raises the same versions again (harmless:
-versions only go up). One write per checkpoint per batch, each a compare-and-set
+versions only go up, and only events past the stored version are counted, so none twice). The
+count is how workers find events that left the stream before they were handled, anywhere in an
+entity's backlog (checkpoint.py). One write per checkpoint per batch, each a compare-and-set
 (store.py), so it never undoes a worker's position or reservation; the batch's checkpoints
 are read in one batched Direct Get and written several at a time.
 
@@ -29,7 +31,7 @@ import trio
 from headrace.checkpoints.checkpoint import Checkpoint
 from headrace.checkpoints.store import CheckpointStore
 from headrace.checkpoints.stream_check import check_stream
-from headrace.checkpoints.subscription import SubscriptionGroup, versions
+from headrace.checkpoints.subscription import SubscriptionGroup, events_by_checkpoint
 from headrace.jetstream import AckPolicy, ConsumerConfig, JetStream, PullConsumer
 from headrace.jetstream.message import JsMsg, ack_all
 
@@ -182,7 +184,7 @@ class GlobalConsumer:
         is a compare-and-set on its own key, so their order does not matter, and a batch of
         new entities costs a create each rather than a read and a write in turn."""
         header = self.group.type_header
-        seen = versions(
+        seen = events_by_checkpoint(
             self.group,
             (
                 (m.subject, m.headers.get(header) if m.headers else None, m.metadata.stream_seq)
@@ -194,14 +196,14 @@ class GlobalConsumer:
         errors: list[Exception] = []
 
         async def writer() -> None:
-            for cid, version in todo:  # shared: each writer takes the next checkpoint
+            for cid, seqs in todo:  # shared: each writer takes the next checkpoint
                 if errors:
                     return
                 current = stored.get(cid)
                 try:
                     await self.store.change(
                         cid,
-                        _raise_to(version),
+                        _raise_to(seqs),
                         create=True,
                         current=current,
                         missing=current is None,
@@ -218,5 +220,5 @@ class GlobalConsumer:
         self.messages += len(msgs)
 
 
-def _raise_to(version: int) -> Callable[[Checkpoint], Checkpoint]:
-    return lambda cp: cp.seen(version)
+def _raise_to(seqs: list[int]) -> Callable[[Checkpoint], Checkpoint]:
+    return lambda cp: cp.counted(seqs)

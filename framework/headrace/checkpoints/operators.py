@@ -1,11 +1,11 @@
 """What an operator does with checkpoints: look (all, lagging, failed, reserved) and act
 (retry, skip, release), each action a compare-and-set like every other change (store.py).
 
-Retry and skip name the checkpoint state they act on: its position (given, or read when the
-action starts) and, when read, its failure. A checkpoint that has moved on (processed, skipped
-or retried by someone else meanwhile) is refused with :class:`CheckpointMoved`, so an action
-run twice, or by two operators at once, acts once: a second skip never skips the next failing
-message.
+Retry and skip name the checkpoint state they act on: skip the failing message (its stream
+sequence, required), retry that or the position (or, given neither, the state read when the
+action starts). A checkpoint that has moved on (processed, skipped or retried by someone else
+meanwhile) is refused with :class:`CheckpointMoved`, so an action run twice, or by two
+operators at once, acts once: a second skip never skips the next failing message.
 
 ``headrace checkpoints`` is the same from the command line (cli/checkpoints.py).
 """
@@ -68,22 +68,34 @@ def _failure(cp: Checkpoint) -> tuple[Any, ...]:
 
 
 async def _expect(
-    store: CheckpointStore, cid: CheckpointId, position: int | None, action: str
+    store: CheckpointStore,
+    cid: CheckpointId,
+    position: int | None,
+    action: str,
+    failing: int | None = None,
 ) -> Callable[[Checkpoint], None]:
-    """A check that ``cid`` is still at ``position``, or, when None, still where it is now
-    (position and failure): raises :class:`CheckpointMoved` once it is not."""
-    if position is not None:
-        if position < 0:
-            raise ValueError(f"a position is not negative, not {position}")
-        failure = None
-    else:
+    """A check that ``cid`` still fails at message ``failing`` and/or is still at
+    ``position``; with neither, that it is still where it is now (position and failure):
+    raises :class:`CheckpointMoved` once it is not."""
+    if position is not None and position < 0:
+        raise ValueError(f"a position is not negative, not {position}")
+    if failing is not None and failing < 1:
+        raise ValueError(f"a failing message's stream sequence is at least 1, not {failing}")
+    failure = None
+    if position is None and failing is None:
         stored = await store.get(cid)
         if stored is None:
             raise KeyNotFound(store.kv.bucket, cid.key, why="no such checkpoint")
         position, failure = stored.checkpoint.position, _failure(stored.checkpoint)
 
     def check(cp: Checkpoint) -> None:
-        if cp.position != position:
+        if failing is not None and (cp.status is Status.ACTIVE or cp.failing_seq != failing):
+            now = f"failing at #{cp.failing_seq}" if cp.failing_seq else cp.status.value
+            raise CheckpointMoved(
+                f"checkpoint {cid} is not failing at message #{failing} (it is {now}, at "
+                f"position {cp.position}): it moved on; nothing to {action}"
+            )
+        if position is not None and cp.position != position:
             raise CheckpointMoved(
                 f"checkpoint {cid} is at position {cp.position}, not {position}: it moved on "
                 f"(processed, or skipped by someone else); nothing to {action}"
@@ -103,11 +115,13 @@ async def retry(
     clock: Clock = time.time,
     *,
     position: int | None = None,
+    failing: int | None = None,
 ) -> Checkpoint:
-    """Retry a failed (or retrying) checkpoint now, with a fresh retry budget, if it is still
-    at ``position`` (default: as read now, failure included; :class:`CheckpointMoved` if not).
-    One already due for its first retry is refused: retrying it again would change nothing."""
-    still = await _expect(store, cid, position, "retry")
+    """Retry a failed (or retrying) checkpoint now, with a fresh retry budget, if it still
+    fails at message ``failing`` and/or is still at ``position`` (with neither: as read now,
+    failure included; :class:`CheckpointMoved` if not). One already due for its first retry
+    is refused: retrying it again would change nothing."""
+    still = await _expect(store, cid, position, "retry", failing)
 
     def go(cp: Checkpoint) -> Checkpoint:
         now = clock()
@@ -130,12 +144,19 @@ async def skip(
     cid: CheckpointId,
     clock: Clock = time.time,
     *,
+    failing: int,
     position: int | None = None,
 ) -> Checkpoint:
-    """Count the failing message as processed and go on with the next, if the checkpoint is
-    still at ``position`` (default: as read now, failure included; :class:`CheckpointMoved` if
-    not): a skip run twice skips once."""
-    still = await _expect(store, cid, position, "skip")
+    """Count the failing message #``failing`` (the stream sequence the views print as
+    ``failing #N``) as processed and go on with the next, only while the checkpoint still
+    fails at that message (and, if given, is still at ``position``); :class:`CheckpointMoved`
+    if not.
+
+    The message is named, not read: a skip loses that event for good, so it must be the one
+    the operator looked at. A skip run again (a script, a second operator) is refused
+    rather than skipping whichever message failed next, even when the checkpoint's position
+    did not move (a failure on events missing from the stream)."""
+    still = await _expect(store, cid, position, "skip", failing)
 
     def go(cp: Checkpoint) -> Checkpoint:
         still(cp)

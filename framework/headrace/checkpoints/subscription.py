@@ -120,9 +120,17 @@ def versions(
     """For (subject, type, stream sequence) triples, the highest sequence per checkpoint: the
     version each checkpoint is raised to for a batch (one write per checkpoint, not per
     message)."""
-    out: dict[CheckpointId, int] = {}
+    return {cid: max(seqs) for cid, seqs in events_by_checkpoint(group, messages).items()}
+
+
+def events_by_checkpoint(
+    group: SubscriptionGroup, messages: Iterable[tuple[str, str | None, int]]
+) -> dict[CheckpointId, list[int]]:
+    """For (subject, type, stream sequence) triples, the sequences each checkpoint gets: the
+    global consumer raises each version to the highest and counts the events (one write per
+    checkpoint per batch, not per message)."""
+    out: dict[CheckpointId, list[int]] = {}
     for subject, message_type, seq in messages:
         for cid in group.checkpoints_for(subject, message_type):
-            if seq > out.get(cid, 0):
-                out[cid] = seq
+            out.setdefault(cid, []).append(seq)
     return out

@@ -36,8 +36,9 @@ from headrace.checkpoints.checkpoint import (
     CheckpointError,
     CheckpointId,
     ReservationLost,
+    Status,
 )
-from headrace.checkpoints.fencing import HandlerContext, keep_held, takes_context
+from headrace.checkpoints.fencing import HandlerContext, lose, renew_once, takes_context
 from headrace.checkpoints.retry import GiveUp, Retry, RetryPolicy
 from headrace.checkpoints.store import CheckpointStore, Stored
 from headrace.checkpoints.stream_check import MissingEvents
@@ -92,6 +93,10 @@ class CheckpointWorkers:
     missing: int = 0
     #: The checkpoints being processed, with what their handlers know of the reservation.
     _holding: dict[CheckpointId, HandlerContext] = attrs.field(factory=dict, init=False, repr=False)
+    #: The cancel scope of each of those processings (a lost reservation cancels it).
+    _processing: dict[CheckpointId, trio.CancelScope] = attrs.field(
+        factory=dict, init=False, repr=False
+    )
     #: Per subscription: whether its handler takes a HandlerContext as second argument.
     _with_context: dict[str, bool] = attrs.field(factory=dict, init=False, repr=False)
     #: Checkpoints whose release failed (a server restart), with the claim's fencing token.
@@ -130,6 +135,7 @@ class CheckpointWorkers:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._recover_expired)
             nursery.start_soon(self._release_left)
+            nursery.start_soon(self._keep_held, nursery)
             await nursery.start(self._watch, backlog)
             nursery.start_soon(self._poll, backlog)
             task_status.started()
@@ -138,7 +144,7 @@ class CheckpointWorkers:
                 free = self.concurrency - len(busy)
                 for seen in backlog.due(self.clock(), busy, free):
                     busy.add(seen.checkpoint.id)
-                    nursery.start_soon(self._guarded, seen, busy, backlog, nursery)
+                    nursery.start_soon(self._guarded, seen, busy, backlog)
                 await backlog.wait(backlog.next_retry(), self.clock())
 
     async def _watch(
@@ -247,11 +253,10 @@ class CheckpointWorkers:
         seen: Stored,
         busy: set[CheckpointId],
         backlog: Backlog,
-        host: trio.Nursery,
     ) -> None:
         cid = seen.checkpoint.id
         try:
-            await self._claimed(cid, seen, host)
+            await self._claimed(cid, seen)
         except Exception as exc:
             # One checkpoint's trouble (a KV or direct-get timeout, a checkpoint that does not
             # read back) must not stop the host: said, and the checkpoint left for a later poll.
@@ -265,17 +270,16 @@ class CheckpointWorkers:
             backlog.changed()  # work noted for it meanwhile can be taken now
 
     async def process(self, cid: CheckpointId, *, seen: Stored | None = None) -> Checkpoint | None:
-        """Reserve ``cid`` and process it (see :meth:`_claimed`); its reservation's renewals
-        run in a nursery of this call (under :meth:`run`, in the host's)."""
+        """Reserve ``cid`` and process it (see :meth:`_claimed`); its reservation is renewed
+        by a renewal task of this call (under :meth:`run`, the host's)."""
         async with trio.open_nursery() as renewals:
+            renewals.start_soon(self._keep_held, renewals)
             try:
-                return await self._claimed(cid, seen, renewals)
+                return await self._claimed(cid, seen)
             finally:
                 renewals.cancel_scope.cancel()
 
-    async def _claimed(
-        self, cid: CheckpointId, seen: Stored | None, renewals: trio.Nursery
-    ) -> Checkpoint | None:
+    async def _claimed(self, cid: CheckpointId, seen: Stored | None) -> Checkpoint | None:
         """Reserve ``cid`` and process it up to its version (or its first failure); the
         checkpoint as left, or None when there was nothing to do for this worker (reserved by
         another, no longer lagging or due, or taken over while it ran). ``seen``: the
@@ -296,23 +300,19 @@ class CheckpointWorkers:
         reserved = stored.checkpoint
         assert reserved.reservation is not None
         ctx = HandlerContext(cid, reserved.fence, reserved.reservation.expires_at, self.clock)
-        self._holding[cid] = ctx
         left: Checkpoint | None = None
         error: Exception | None = None
         try:
             # The reservation is renewed in the background while we hold it (a handler may
-            # outlive it); losing it cancels the processing (fencing.py). The renewal runs in
-            # ``renewals``, not in a nursery of its own here: ending the processing then only
-            # cancels it, without waiting for it to wake up and finish.
-            renewal = trio.CancelScope()
+            # outlive it): the host's renewal task (:meth:`_keep_held`) sees it in
+            # ``_holding``, and cancels ``processing`` when it finds it lost (fencing.py).
             with trio.CancelScope() as processing:
-                renewals.start_soon(self._keep_held, ctx, renewal, processing)
+                self._holding[cid] = ctx
+                self._processing[cid] = processing
                 try:
                     left = await self._process(cid, reserved, subscription, handler, first)
                 except Exception as exc:
                     error = exc
-                finally:
-                    renewal.cancel()
             if error is not None:
                 raise error
             if ctx.lost is not None and not _released_by(left, owner, ctx.fence):
@@ -329,7 +329,8 @@ class CheckpointWorkers:
             )
             return None
         finally:
-            del self._holding[cid]
+            self._holding.pop(cid, None)
+            self._processing.pop(cid, None)
             last = self._last.pop(cid, None)
             if last is None or last.checkpoint.held_by(owner, ctx.fence):
                 # Cut short (cancelled included): give the checkpoint back at once, rather
@@ -342,13 +343,35 @@ class CheckpointWorkers:
                 if releasing.cancelled_caught:
                     self._unreleased[cid] = ctx.fence
 
-    async def _keep_held(
-        self, ctx: HandlerContext, renewal: trio.CancelScope, processing: trio.CancelScope
+    async def _keep_held(self, renewals: trio.Nursery) -> None:
+        """The host's renewal task: every sixth of ``reservation``, renew each reservation
+        held for a third of it or more (in a task of its own in ``renewals``, so that one
+        slow renewal holds up no other), and cancel the processing of any that expired
+        before a renewal got through. One task for the host rather than one per
+        processing: most processings end long before their first renewal is due, and a
+        task started and cancelled per event cost a fifth of the event loop's steps."""
+        renewing: set[HandlerContext] = set()
+        every = self.reservation / 6
+        while True:
+            await trio.sleep(every)
+            now = self.clock()
+            for cid, ctx in list(self._holding.items()):
+                processing = self._processing.get(cid)
+                if ctx in renewing or processing is None:
+                    continue
+                if not ctx.held():
+                    lose(ctx, processing, f"not renewed before it expired at {ctx.expires_at:.3f}")
+                elif ctx.expires_at - now <= self.reservation * 2 / 3:
+                    renewing.add(ctx)
+                    renewals.start_soon(self._renew, ctx, processing, renewing)
+
+    async def _renew(
+        self, ctx: HandlerContext, processing: trio.CancelScope, renewing: set[HandlerContext]
     ) -> None:
-        """Renew ``ctx``'s reservation until ``renewal`` is cancelled (the processing ended);
-        a loss cancels ``processing``. A renewal still under way when the processing ends
-        may wake up after it: it writes only while this same processing holds the checkpoint
-        (the identity of ``ctx`` in ``_holding``), never after the final write released it."""
+        """One renewal of ``ctx``'s reservation (fencing.renew_once). A renewal still under
+        way when the processing ends may wake up after it: it writes only while this same
+        processing holds the checkpoint (the identity of ``ctx`` in ``_holding``), never after
+        the final write released it."""
         owner, cid = self.owner, ctx.checkpoint
 
         def renew(cp: Checkpoint) -> Checkpoint:
@@ -360,15 +383,10 @@ class CheckpointWorkers:
                 )
             return _renew(cp, owner, self.clock(), self.reservation)
 
-        with renewal:
-            await keep_held(
-                self.store,
-                ctx,
-                renew,
-                self.reservation / 3,
-                processing,
-                lambda exc: self._note(cid, exc),
-            )
+        try:
+            await renew_once(self.store, ctx, renew, processing, lambda exc: self._note(cid, exc))
+        finally:
+            renewing.discard(ctx)
 
     async def _reserve(
         self, cid: CheckpointId, seen: Stored | None
@@ -379,22 +397,27 @@ class CheckpointWorkers:
         round trips and its handler instead of three. What was read is returned (the next
         message last) only if the reservation found the position the read started from."""
         read_from = seen.checkpoint.position if seen is not None else None
-        first: list[StoredMessage] = []
-
-        async def read_ahead(position: int) -> None:
+        reading = None
+        if read_from is not None:
             with contextlib.suppress(Exception):  # read again once reserved
-                first.extend(await self._read_ahead(cid, position, 1))
-
-        async with trio.open_nursery() as nursery:
-            if read_from is not None:
-                nursery.start_soon(read_ahead, read_from)
-            try:
-                stored = await self._change(cid, self._transition(_reserve), current=seen)
-            except (AlreadyReserved, _NothingToDo):
-                nursery.cancel_scope.cancel()
+                reading = self.js.direct_get_soon(
+                    self.stream, seq=read_from + 1, next_by_subject=f"{cid.stream}.>"
+                )
+        try:
+            stored = await self._change(cid, self._transition(_reserve), current=seen)
+        except BaseException as exc:  # the read is not waited for: its reply is dropped
+            if reading is not None:
+                reading.abandon()
+            if isinstance(exc, AlreadyReserved | _NothingToDo):
                 return None, []
-        if stored.checkpoint.position != read_from:
-            first.clear()
+            raise
+        first: list[StoredMessage] = []
+        if reading is not None:
+            if stored.checkpoint.position != read_from:
+                reading.abandon()
+            else:
+                with contextlib.suppress(Exception):  # MessageNotFound, a timeout: read again
+                    first.append(await reading.result())
         return stored, first
 
     async def _release_left(self) -> None:
@@ -464,8 +487,14 @@ class CheckpointWorkers:
         """Handle ``cid``'s messages from its position up to its version (``ahead``: those
         already read, the next one last)."""
         position = cp.position
+        processed = cp.processed_events  # events of the subscription handled, absolute
         header = self.group.type_header
         size = 2 if ahead else 1
+        if position >= cp.version and cp.status is not Status.ACTIVE:
+            # A retry with nothing left to handle (a failure parked on missing events, then
+            # retried by hand): active again.
+            advance = _advance(position, processed, self.stream)
+            return (await self._change(cid, self._transition(advance))).checkpoint
         while position < cp.version:
             if not ahead:
                 ahead = await self._read_ahead(cid, position, size)
@@ -487,8 +516,14 @@ class CheckpointWorkers:
                     failed = _fail(position, msg.seq, exc, decision)
                     return (await self._change(cid, self._transition(failed))).checkpoint
                 self.handled += 1
+                if processed is not None:
+                    processed += 1
             position = msg.seq
-            cp = (await self._change(cid, self._transition(_advance(position)))).checkpoint
+            advance = _advance(position, processed, self.stream)
+            cp = (await self._change(cid, self._transition(advance))).checkpoint
+        if cp.status is Status.FAILED and cp.error and cp.error.startswith("MissingEvents"):
+            self.missing += 1
+            warnings.warn(f"checkpoint {cid}: {cp.error}", RuntimeWarning, stacklevel=1)
         return cp
 
     async def _missing(self, cid: CheckpointId, position: int, version: int) -> Checkpoint:
@@ -582,14 +617,32 @@ def _owned(cp: Checkpoint, owner: str, now: float, timeout: float, position: int
     return cp.reserve(owner, now, timeout)
 
 
-def _advance(position: int) -> Callable[[Checkpoint, str, float, float], Checkpoint]:
-    """Processed up to ``position``; released in the same write once that catches up with
-    the version (as stored: a version raised meanwhile keeps the reservation, and the worker
-    goes on)."""
+def _advance(
+    position: int, processed: int | None, stream: str
+) -> Callable[[Checkpoint, str, float, float], Checkpoint]:
+    """Processed up to ``position``, ``processed`` events handled in all; released in the
+    same write once that catches up with the version (as stored: a version raised meanwhile
+    keeps the reservation, and the worker goes on). Caught up with fewer events processed
+    than the global consumer counted, some went missing from ``stream`` in the middle of the
+    backlog: failed (:class:`MissingEvents`) rather than caught up in silence."""
 
     def step(cp: Checkpoint, owner: str, now: float, timeout: float) -> Checkpoint:
         done = _owned(cp, owner, now, timeout, position).advanced(position)
-        return done if done.lagging else done.release()
+        if processed is not None and done.processed_events is not None:
+            done = attrs.evolve(done, processed_events=processed)
+        if done.lagging:
+            return done
+        missing = done.events_missing
+        done = done.caught_up_counts().release()
+        if not missing:
+            return done
+        gone = MissingEvents(
+            f"{missing} of the {done.seen_events} events of {cp.id.stream} counted up to "
+            f"#{done.version} are gone from stream {stream!r} before they were handled "
+            "(deleted, purged, or dropped by a limit); every event still there was handled. "
+            "Skip or retry to accept the loss"
+        )
+        return done.failed(gone, GiveUp(0), now, position)
 
     return step
 

@@ -92,7 +92,10 @@ def main(argv: list[str] | None = None) -> None:
 
         JsonLogs(sys.stderr).install()
     parser = build_parser(args_given)
-    args = parser.parse_args(args_given)
+    args, extra = parser.parse_known_args(args_given)
+    adopt = getattr(args, "adopt_extra", None)
+    if extra and (adopt is None or not adopt(args, extra)):
+        parser.parse_args(args_given)  # argparse's own error for what nothing took, exit 2
     if args.command is None:
         parser.print_help()
         sys.exit(0)

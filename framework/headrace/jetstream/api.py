@@ -48,10 +48,16 @@ from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.stored_message import StoredMessage, from_direct_reply
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
 from headrace.nats.connection import Connection
+from headrace.nats.inbox import PendingRequest
 from headrace.protocol.commands import check_subject
+from headrace.protocol.events import Msg
 from headrace.protocol.headers import Headers, read_header_block
 
 DEFAULT_API_PREFIX = "$JS.API"
+
+
+#: One encoder for request bodies (``json.dumps`` with separators makes a new one per call).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def _headers(headers: Headers | Mapping[str, str | list[str]] | None) -> Headers:
@@ -420,35 +426,46 @@ class JetStreamAPI:
 
         The last message of a subject uses the subject-appended form, which needs no body.
         """
-        check_stream("stream", stream)
-        if last_by_subject is not None and seq is None and next_by_subject is None:
-            check_subject(last_by_subject)
-            subject, data = self.api_subject(f"DIRECT.GET.{stream}.{last_by_subject}"), b""
-        else:
-            body = _get_body(seq, last_by_subject, next_by_subject)
-            subject = self.api_subject(f"DIRECT.GET.{stream}")
-            data = json.dumps(body, separators=(",", ":")).encode()
+        subject, data = self._direct_get_request(stream, seq, last_by_subject, next_by_subject)
         try:
             msg = await self.nc.request(
                 subject, data, timeout=self.timeout if timeout is None else timeout
             )
         except NoRespondersError as exc:
-            raise JetStreamUnavailable(
-                f"no Direct Get responder for stream {stream!r}: does it exist, with "
-                "allow_direct set?"
-            ) from exc
-        if msg.raw_headers is None:
-            raise DecodeError("a Direct Get answer had no Nats-Sequence header")
-        # The answer's block is the stored message's own with the server's appended, and the
-        # stored part is whatever its publisher sent: read it leniently, and leave reporting
-        # what could not be read to the StoredMessage (once, naming the stored message, not
-        # this answer's inbox).
-        hdrs, status, description, _ = read_header_block(msg.raw_headers)
-        if status == 404:
-            raise MessageNotFound(404, 10037, description or "message not found")
-        if status is not None:
-            raise api_error({"code": status, "err_code": 0, "description": description})
-        return from_direct_reply(msg.raw_headers, msg.data, stream, hdrs)
+            raise _no_direct_get(stream) from exc
+        return _direct_get_answer(msg, stream)
+
+    def direct_get_soon(
+        self,
+        stream: str,
+        seq: int | None = None,
+        *,
+        next_by_subject: str | None = None,
+        timeout: float | None = None,
+    ) -> PendingDirectGet:
+        """:meth:`direct_get`, sent now and awaited later (:meth:`PendingDirectGet.result`,
+        or :meth:`PendingDirectGet.abandon`): a read sent alongside another request without
+        a task of its own."""
+        subject, data = self._direct_get_request(stream, seq, None, next_by_subject)
+        pending = self.nc.request_soon(
+            subject, data, timeout=self.timeout if timeout is None else timeout
+        )
+        return PendingDirectGet(pending, stream)
+
+    def _direct_get_request(
+        self,
+        stream: str,
+        seq: int | None,
+        last_by_subject: str | None,
+        next_by_subject: str | None,
+    ) -> tuple[str, bytes]:
+        check_stream("stream", stream)
+        if last_by_subject is not None and seq is None and next_by_subject is None:
+            check_subject(last_by_subject)
+            return self.api_subject(f"DIRECT.GET.{stream}.{last_by_subject}"), b""
+        body = _get_body(seq, last_by_subject, next_by_subject)
+        subject = self.api_subject(f"DIRECT.GET.{stream}")
+        return subject, _COMPACT.encode(body).encode()
 
     async def direct_get_batch(
         self,
@@ -577,3 +594,45 @@ def _get_body(
     if next_by_subject is not None:
         body["next_by_subj"] = next_by_subject
     return body
+
+
+class PendingDirectGet:
+    """A Direct Get already sent (:meth:`JetStreamAPI.direct_get_soon`)."""
+
+    __slots__ = ("_pending", "_stream")
+
+    def __init__(self, pending: PendingRequest, stream: str) -> None:
+        self._pending = pending
+        self._stream = stream
+
+    async def result(self) -> StoredMessage:
+        """The stored message, or what :meth:`JetStreamAPI.direct_get` raises."""
+        try:
+            msg = await self._pending.reply()
+        except NoRespondersError as exc:
+            raise _no_direct_get(self._stream) from exc
+        return _direct_get_answer(msg, self._stream)
+
+    def abandon(self) -> None:
+        self._pending.abandon()
+
+
+def _no_direct_get(stream: str) -> JetStreamUnavailable:
+    return JetStreamUnavailable(
+        f"no Direct Get responder for stream {stream!r}: does it exist, with allow_direct set?"
+    )
+
+
+def _direct_get_answer(msg: Msg, stream: str) -> StoredMessage:
+    if msg.raw_headers is None:
+        raise DecodeError("a Direct Get answer had no Nats-Sequence header")
+    # The answer's block is the stored message's own with the server's appended, and the
+    # stored part is whatever its publisher sent: read it leniently, and leave reporting
+    # what could not be read to the StoredMessage (once, naming the stored message, not
+    # this answer's inbox).
+    hdrs, status, description, _ = read_header_block(msg.raw_headers)
+    if status == 404:
+        raise MessageNotFound(404, 10037, description or "message not found")
+    if status is not None:
+        raise api_error({"code": status, "err_code": 0, "description": description})
+    return from_direct_reply(msg.raw_headers, msg.data, stream, hdrs)

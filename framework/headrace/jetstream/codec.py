@@ -146,12 +146,26 @@ def _decode(value: Any, kind: Any, where: str, many: bool = False) -> Any:
     return value
 
 
+_FIELDS: dict[type, tuple[dict[str, attrs.Attribute[Any]], bool]] = {}
+
+
+def _json_fields(cls: type) -> tuple[dict[str, attrs.Attribute[Any]], bool]:
+    """``cls``'s fields by JSON name, and whether it keeps unknown keys in ``extra``: the
+    same for every answer of a kind, so worked out once (every JetStream publish's PubAck is
+    decoded here)."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        fields = attrs.fields(cls)
+        by_json = {_json_name(f): f for f in fields if f.name != "extra"}
+        found = _FIELDS[cls] = (by_json, any(f.name == "extra" for f in fields))
+    return found
+
+
 def from_json(cls: type[T], data: Any) -> T:
     """Build ``cls`` from a decoded JSON object; unknown keys go to ``extra`` if it has one."""
     if not isinstance(data, dict):
         raise DecodeError(f"{cls.__name__} must be a JSON object, not {type(data).__name__}")
-    fields = attrs.fields(cls)  # type: ignore[arg-type]
-    by_json = {_json_name(f): f for f in fields if f.name != "extra"}
+    by_json, has_extra = _json_fields(cls)
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in data.items():
@@ -165,7 +179,7 @@ def from_json(cls: type[T], data: Any) -> T:
                 f"{cls.__name__}.{field.name}",
                 bool(field.metadata.get(_MANY)),
             )
-    if any(f.name == "extra" for f in fields):
+    if has_extra:
         kwargs["extra"] = extra
     try:
         return cls(**kwargs)

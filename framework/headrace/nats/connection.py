@@ -48,7 +48,6 @@ from headrace.errors import (
     DrainTimeout,
     FlushTimeout,
     NatsError,
-    NoRespondersError,
     NoServersError,
     PermissionViolation,
     ProtocolError,
@@ -71,7 +70,7 @@ from headrace.nats.events import (
     SlowConsumer,
     Status,
 )
-from headrace.nats.inbox import RequestMux, new_inbox
+from headrace.nats.inbox import PendingRequest, RequestMux, answer, new_inbox
 from headrace.nats.options import DEFAULT_URL, ConnectOptions
 from headrace.nats.outbound import OutboundBuffer, PongWaiter
 from headrace.nats.redial import Dial, GiveUp, Redial, fatal_on_first_connect
@@ -475,16 +474,32 @@ class Connection:
             with trio.move_on_after(limit):
                 await self.publish(subject, data, reply=reply, headers=headers)
                 await slot.event.wait()
-                result = slot.msg
-                if isinstance(result, BaseException):
-                    raise result
-                assert result is not None
-                if result.status == 503 and not result.data:
-                    raise NoRespondersError(subject)
-                return result
+                return answer(slot, subject)
             raise RequestTimeout(f"no reply to the request on {subject!r} within {limit}s")
         finally:
             mux.unregister(reply)
+
+    @trio.lowlevel.enable_ki_protection
+    def request_soon(
+        self, subject: str, data: bytes = b"", *, timeout: float | None = None
+    ) -> PendingRequest:
+        """Queue a request now, without a checkpoint, and wait for its reply later
+        (:meth:`PendingRequest.reply`, or :meth:`PendingRequest.abandon` it). Like
+        :meth:`publish_nowait`, it may exceed ``write_buffer_size``: for small requests the
+        library makes (a Direct Get sent alongside a KV write), not for user data."""
+        self._check_open()
+        limit = self._opts.request_timeout if timeout is None else timeout
+        pending = PendingRequest(self._request_mux(), subject, limit)
+        try:
+            self._out.put_nowait(
+                encode_pub(subject, data, pending.reply_subject, max_payload=self.max_payload)
+            )
+        except BaseException:
+            pending.abandon()
+            raise
+        self.stats.out_msgs += 1
+        self.stats.out_bytes += len(data)
+        return pending
 
     # -- the supervisor -----------------------------------------------------------------------
 

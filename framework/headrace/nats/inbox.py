@@ -14,6 +14,7 @@ import string
 
 import trio
 
+from headrace.errors import NoRespondersError, RequestTimeout
 from headrace.protocol.events import Msg
 
 _ALPHABET = string.ascii_letters + string.digits
@@ -89,3 +90,53 @@ class RequestMux:
                 del self._pending[token]
                 slot.msg = error
                 slot.event.set()
+
+
+class PendingRequest:
+    """A request already queued (``Connection.request_soon``): :meth:`reply` waits for its
+    answer, :meth:`abandon` gives it up. Sent at once, awaited later, it lets a task have two
+    requests in flight without a second task (a task's start, and joining it, cost a turn of
+    the event loop each)."""
+
+    __slots__ = ("_deadline", "_mux", "_reply", "_slot", "_subject")
+
+    def __init__(self, mux: RequestMux, subject: str, timeout: float) -> None:
+        self._mux = mux
+        self._subject = subject
+        self._reply, self._slot = mux.register(subject)
+        self._deadline = trio.current_time() + timeout
+
+    @property
+    def reply_subject(self) -> str:
+        return self._reply
+
+    async def reply(self) -> Msg:
+        """The first reply: :class:`~headrace.errors.NoRespondersError` when nobody listens,
+        :class:`~headrace.errors.RequestTimeout` once the request's timeout (counted from
+        when it was queued) has passed."""
+        try:
+            if self._slot.event.is_set():
+                # Already here (the usual case when another request was awaited meanwhile):
+                # taken without a turn of the event loop.
+                return answer(self._slot, self._subject)
+            with trio.move_on_at(self._deadline):
+                await self._slot.event.wait()
+                return answer(self._slot, self._subject)
+            raise RequestTimeout(f"no reply to the request on {self._subject!r} in time")
+        finally:
+            self._mux.unregister(self._reply)
+
+    def abandon(self) -> None:
+        """Not waited for after all: a reply that comes is dropped (idempotent)."""
+        self._mux.unregister(self._reply)
+
+
+def answer(slot: _Pending, subject: str) -> Msg:
+    """What a request whose slot is set gets: its reply, or the error it failed with."""
+    result = slot.msg
+    if isinstance(result, BaseException):
+        raise result
+    assert result is not None
+    if result.status == 503 and not result.data:
+        raise NoRespondersError(subject)
+    return result
