@@ -523,3 +523,30 @@ async def test_request_to_natspy_responder_and_back(core_server, natspy):
                 return (await nc_py.request("hr.svc", b"pong", timeout=5)).data
 
             assert await natspy.call(ask) == b"hr:pong"
+
+
+async def test_a_request_sent_now_and_awaited_later(core_server):
+    """``request_soon`` queues the request at once (no checkpoint); its reply is taken when
+    awaited, an answer already in is taken without waiting, and its timeout counts from the
+    send. No responders and a timeout are the errors ``request`` raises."""
+    async with connect(core_server.url) as nc, trio.open_nursery() as nursery:
+        service = await nc.subscribe("svc.soon")
+        await nc.subscribe("silent.soon")
+        await nc.flush()
+
+        async def serve() -> None:
+            async for msg in service:
+                await nc.publish(msg.reply, msg.data[::-1])
+
+        nursery.start_soon(serve)
+        first = nc.request_soon("svc.soon", b"abc", timeout=5)
+        second = nc.request_soon("svc.soon", b"xyz", timeout=5)
+        assert (await second.reply()).data == b"zyx"
+        assert (await first.reply()).data == b"cba"
+        with pytest.raises(NoRespondersError):
+            await nc.request_soon("nobody.soon", b"?", timeout=5).reply()
+        slow = nc.request_soon("silent.soon", b"?", timeout=0.2)
+        with trio.fail_after(5), pytest.raises(RequestTimeout):
+            await slow.reply()
+        assert nc._mux is not None and nc._mux._pending == {}
+        nursery.cancel_scope.cancel()

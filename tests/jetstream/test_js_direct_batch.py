@@ -16,6 +16,8 @@ from headrace.jetstream import (
     DirectBatchBroken,
     DirectGetNotAllowed,
     JetStream,
+    JetStreamUnavailable,
+    MessageNotFound,
     MultiLastGet,
     StorageType,
     StreamConfig,
@@ -217,3 +219,34 @@ def test_a_lost_message_breaks_the_batch() -> None:
     assert reader.feed(_reply(first, b"1")) is None
     with pytest.raises(DirectBatchBroken):
         reader.feed(_reply(" 204 EOB\r\nNats-Num-Pending: 0\r\nNats-Last-Sequence: 3"))
+
+
+async def test_a_direct_get_sent_now_and_awaited_later(nats_server: Any, natspy: Any) -> None:
+    """``direct_get_soon`` answers as ``direct_get`` does, while the task awaits something
+    else in between; a missing message, a stream without Direct Get and an abandoned read
+    behave as the awaited kind does, and nothing is left registered."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await _stream(js)
+        await _stream(js, "N", direct=False)
+        await natspy.connect(nats_server.url)
+        js_py = natspy.nc.jetstream()
+        for n in range(4):
+            await natspy.call(js_py.publish, f"s.{'ab'[n % 2]}", b"%d" % n)
+        with trio.fail_after(10):
+            pending = js.direct_get_soon("S", 2, next_by_subject="s.a")
+            other = await js.direct_get("S", 1)  # awaited while the first is in flight
+            got = await pending.result()
+            assert (got.seq, got.data, got.subject) == (3, b"2", "s.a")
+            assert got == await js.direct_get("S", 2, next_by_subject="s.a")
+            assert other.seq == 1
+            with pytest.raises(MessageNotFound):
+                await js.direct_get_soon("S", 99).result()
+            with pytest.raises(JetStreamUnavailable, match="allow_direct"):
+                await js.direct_get_soon("N", 1).result()
+            dropped = js.direct_get_soon("S", 1)
+            dropped.abandon()
+            dropped.abandon()  # twice is harmless
+            await nc.flush()
+        mux = nc._mux
+        assert mux is not None and mux._pending == {}
