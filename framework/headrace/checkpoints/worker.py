@@ -132,6 +132,7 @@ class CheckpointWorkers:
         (:attr:`outage`, a warning) and tried again, never the end of the host."""
         busy: set[CheckpointId] = set()
         backlog = Backlog(frozenset(s.name for s in self.group.subscriptions))
+        slots = trio.Semaphore(self.concurrency)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._recover_expired)
             nursery.start_soon(self._release_left)
@@ -141,10 +142,11 @@ class CheckpointWorkers:
             task_status.started()
             while True:
                 # Only as many as can run: the rest wait in the backlog, not as tasks.
-                free = self.concurrency - len(busy)
-                for seen in backlog.due(self.clock(), busy, free):
+                for seen in backlog.due(self.clock(), busy, slots.value):
+                    slots.acquire_nowait()
                     busy.add(seen.checkpoint.id)
-                    nursery.start_soon(self._guarded, seen, busy, backlog)
+                    slot = _Slot(slots, backlog.changed)
+                    nursery.start_soon(self._guarded, seen, busy, backlog, slot)
                 await backlog.wait(backlog.next_retry(), self.clock())
 
     async def _watch(
@@ -253,10 +255,11 @@ class CheckpointWorkers:
         seen: Stored,
         busy: set[CheckpointId],
         backlog: Backlog,
+        slot: _Slot,
     ) -> None:
         cid = seen.checkpoint.id
         try:
-            await self._claimed(cid, seen)
+            await self._claimed(cid, seen, slot)
         except Exception as exc:
             # One checkpoint's trouble (a KV or direct-get timeout, a checkpoint that does not
             # read back) must not stop the host: said, and the checkpoint left for a later poll.
@@ -266,20 +269,25 @@ class CheckpointWorkers:
                 f"checkpoint {cid}: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=1
             )
         finally:
+            slot.give_back()
             busy.discard(cid)
             backlog.changed()  # work noted for it meanwhile can be taken now
 
     async def process(self, cid: CheckpointId, *, seen: Stored | None = None) -> Checkpoint | None:
         """Reserve ``cid`` and process it (see :meth:`_claimed`); its reservation is renewed
         by a renewal task of this call (under :meth:`run`, the host's)."""
+        alone = trio.Semaphore(1)
+        alone.acquire_nowait()
         async with trio.open_nursery() as renewals:
             renewals.start_soon(self._keep_held, renewals)
             try:
-                return await self._claimed(cid, seen)
+                return await self._claimed(cid, seen, _Slot(alone, lambda: None))
             finally:
                 renewals.cancel_scope.cancel()
 
-    async def _claimed(self, cid: CheckpointId, seen: Stored | None) -> Checkpoint | None:
+    async def _claimed(
+        self, cid: CheckpointId, seen: Stored | None, slot: _Slot
+    ) -> Checkpoint | None:
         """Reserve ``cid`` and process it up to its version (or its first failure); the
         checkpoint as left, or None when there was nothing to do for this worker (reserved by
         another, no longer lagging or due, or taken over while it ran). ``seen``: the
@@ -310,7 +318,7 @@ class CheckpointWorkers:
                 self._holding[cid] = ctx
                 self._processing[cid] = processing
                 try:
-                    left = await self._process(cid, reserved, subscription, handler, first)
+                    left = await self._process(cid, reserved, subscription, handler, first, slot)
                 except Exception as exc:
                     error = exc
             if error is not None:
@@ -483,9 +491,13 @@ class CheckpointWorkers:
         subscription: Subscription,
         handler: Handler,
         ahead: list[StoredMessage],
+        slot: _Slot,
     ) -> Checkpoint:
         """Handle ``cid``'s messages from its position up to its version (``ahead``: those
-        already read, the next one last)."""
+        already read, the next one last). Its handler slot is given back while the position
+        write after the last known message is on the way, and taken again (waiting for one)
+        if that write finds the version raised meanwhile: ``concurrency`` bounds the handlers
+        running, and a processing's last write overlaps the next one's start."""
         position = cp.position
         processed = cp.processed_events  # events of the subscription handled, absolute
         header = self.group.type_header
@@ -520,7 +532,11 @@ class CheckpointWorkers:
                     processed += 1
             position = msg.seq
             advance = _advance(position, processed, self.stream)
+            if position >= cp.version:
+                slot.give_back()
             cp = (await self._change(cid, self._transition(advance))).checkpoint
+            if position < cp.version:
+                await slot.take()
         if cp.status is Status.FAILED and cp.error and cp.error.startswith("MissingEvents"):
             self.missing += 1
             warnings.warn(f"checkpoint {cid}: {cp.error}", RuntimeWarning, stacklevel=1)
@@ -589,6 +605,30 @@ class CheckpointWorkers:
 
 class _NothingToDo(Exception):
     pass
+
+
+class _Slot:
+    """One of the host's ``concurrency`` handler slots (a semaphore's unit), held by a
+    processing: given back while its last position write is on the way, taken again if it
+    has more to handle."""
+
+    __slots__ = ("_freed", "_held", "_slots")
+
+    def __init__(self, slots: trio.Semaphore, freed: Callable[[], None]) -> None:
+        self._slots = slots
+        self._freed = freed  # wakes the dispatcher
+        self._held = True
+
+    def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.release()
+            self._freed()
+
+    async def take(self) -> None:
+        if not self._held:
+            await self._slots.acquire()
+            self._held = True
 
 
 def _reserve(cp: Checkpoint, owner: str, now: float, timeout: float) -> Checkpoint:
