@@ -77,6 +77,21 @@ def test_versions_take_the_highest_sequence_per_checkpoint() -> None:
 
 
 @pytest.mark.parametrize(
+    "option",
+    [
+        {"write_concurrency": 0},
+        {"write_concurrency": 1.5},
+        {"write_concurrency": True},
+        {"ack_wait": 0},
+        {"ack_wait": float("nan")},
+    ],
+)
+def test_bad_global_consumer_options_are_refused(option: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=next(iter(option))):
+        GlobalConsumer(None, "EVENTS", GROUP, None, **option)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"name": "x"}, "matches nothing"),
@@ -113,7 +128,7 @@ async def test_global_consumer_raises_versions_and_acks(nats_server: Any, natspy
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)
         store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
-        consumer = GlobalConsumer(js, "EVENTS", GROUP, store, batch=4)
+        consumer = GlobalConsumer(js, "EVENTS", GROUP, store, batch=4, write_concurrency=2)
         async with trio.open_nursery() as nursery:
             await nursery.start(consumer.run)
             await wait_consumer(

@@ -98,20 +98,23 @@ class CheckpointId:
     group: str
     subscription: str
     stream: str
-    #: The KV key, escaped once: every write and watch entry of the checkpoint names it.
-    _key: str = attrs.field(init=False, eq=False, repr=False)
+    #: The KV key, escaped once, when first asked for: every write of the checkpoint names it
+    #: (an id read from a watch entry's key may never need it).
+    _key: str | None = attrs.field(init=False, default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         for name in ("group", "subscription", "stream"):
             if not getattr(self, name):
                 raise ValueError(f"checkpoint {name} must not be empty")
-        key = ".".join(_escape(p) for p in (self.group, self.subscription, self.stream))
-        object.__setattr__(self, "_key", key)
 
     @property
     def key(self) -> str:
         """The KV key: ``<group>.<subscription>.<stream>``, each part escaped."""
-        return self._key
+        key = self._key
+        if key is None:
+            key = ".".join(_escape(p) for p in (self.group, self.subscription, self.stream))
+            object.__setattr__(self, "_key", key)
+        return key
 
     @classmethod
     def from_key(cls, key: str) -> CheckpointId:

@@ -8,7 +8,7 @@ versions only go up, and only events past the stored version are counted, so non
 count is how workers find events that left the stream before they were handled, anywhere in an
 entity's backlog (checkpoint.py). One write per checkpoint per batch, each a compare-and-set
 (store.py), so it never undoes a worker's position or reservation; the batch's checkpoints
-are read in one batched Direct Get and written several at a time.
+are read in one batched Direct Get and written a few at a time (``write_concurrency``).
 
 A batch held by a host that dies is redelivered to another host after the consumer's ack wait
 (:data:`DEFAULT_ACK_WAIT`, 5 s rather than the server's 30 s: it bounds how long a killed host
@@ -39,12 +39,22 @@ from headrace.jetstream.message import JsMsg, ack_all
 #: long after it was delivered (plus one ``max_wait``). Long enough for a pull and a network
 #: hiccup (a slow batch is kept by in-progress acks), short next to the server's 30 s.
 DEFAULT_ACK_WAIT = 5.0
-#: Checkpoint writes of one batch in flight at once.
-WRITE_CONCURRENCY = 32
+#: Checkpoint writes of one batch in flight at once, by default. Few: a host runs its workers
+#: beside its global consumer, and a batch of new entities written 32 at a time kept the
+#: event loop from them (bench checkpoints --entities 10000: 32 -> 2,550-2,637 events/s,
+#: 8 -> 2,806, 4 -> 2,903-3,061, 2 -> 2,618-2,649, 1 -> 2,095-2,200). Four writes in flight
+#: at a 1 ms round trip are still 4,000 checkpoints a second per host, and the hosts of a
+#: group share the global consumer's batches.
+DEFAULT_WRITE_CONCURRENCY = 4
 
 
 def durable_name(group: str) -> str:
     return f"checkpoints_{group}"
+
+
+def _at_least_one(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an integer of at least 1, not {value!r}")
 
 
 def _positive(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -67,6 +77,9 @@ class GlobalConsumer:
     #: The durable consumer's ack wait (set on it at start): how long a batch held by a killed
     #: host waits before another host gets it.
     ack_wait: float = attrs.field(default=DEFAULT_ACK_WAIT, validator=_positive)
+    #: Checkpoint writes of one batch in flight at once (each is a compare-and-set on its own
+    #: key, so their order does not matter).
+    write_concurrency: int = attrs.field(default=DEFAULT_WRITE_CONCURRENCY, validator=_at_least_one)
     #: Messages read, and checkpoint writes made, since start.
     messages: int = 0
     writes: int = 0
@@ -180,7 +193,7 @@ class GlobalConsumer:
 
     async def _write(self, msgs: list[JsMsg]) -> None:
         """One write per checkpoint the batch touches. They are read together first (one
-        batched Direct Get per 1024), then written :data:`WRITE_CONCURRENCY` at a time: each
+        batched Direct Get per 1024), then written ``write_concurrency`` at a time: each
         is a compare-and-set on its own key, so their order does not matter, and a batch of
         new entities costs a create each rather than a read and a write in turn."""
         header = self.group.type_header
@@ -212,7 +225,7 @@ class GlobalConsumer:
                     errors.append(exc)
 
         async with trio.open_nursery() as nursery:
-            for _ in range(min(WRITE_CONCURRENCY, len(seen))):
+            for _ in range(min(self.write_concurrency, len(seen))):
                 nursery.start_soon(writer)
         if errors:
             raise errors[0]
