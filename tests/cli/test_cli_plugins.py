@@ -78,6 +78,7 @@ def test_help_lists_every_plugin_command_and_names_a_broken_one(tmp_path: Path) 
 HELP_LOADS = "['headrace_bench', 'headrace_spark', 'thirdparty_cmd']"
 
 
+@pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
 def test_builtin_commands_load_no_plugin(tmp_path: Path) -> None:
     _install_plugin(tmp_path)
     done = _headrace(tmp_path, "run", "--help")

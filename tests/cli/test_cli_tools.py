@@ -417,6 +417,7 @@ def test_a_broken_sink_plugin_is_listed_not_fatal(tmp_path: Path) -> None:
 # -- server -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
 async def test_server_serves_until_sigint(natspy: Any, tmp_path: Path) -> None:
     store = tmp_path / "store"
     async with headrace("server", "--port", "0", "--store-dir", str(store)) as proc:

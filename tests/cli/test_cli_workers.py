@@ -266,6 +266,7 @@ async def test_invalid_workers_and_targets_exit_2_at_once(
     assert "Traceback" not in err
 
 
+@pytest.mark.slow  # 2.3 s or more each (worker processes): the full suite runs it
 @pytest.mark.parametrize(
     ("source", "message"),
     [

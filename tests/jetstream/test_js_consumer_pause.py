@@ -229,6 +229,7 @@ async def test_refusals_are_typed(nats_server):
         assert not (await js.consumer_info("S", "C")).paused
 
 
+@pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
 async def test_consume_on_a_paused_consumer_waits_then_gets_everything_once(
     nats_server, natspy, monkeypatch
 ):

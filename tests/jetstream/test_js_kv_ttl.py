@@ -177,6 +177,7 @@ async def test_history_bucket_raises_short_ttls_to_the_marker_ttl(nats_server):
         assert stored.headers is not None and stored.headers.get("Nats-TTL") == "120"
 
 
+@pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
 async def test_natspy_sees_headrace_ttl_and_headrace_sees_natspy_ttl(nats_server, natspy):
     """nats-py's watcher sees a key written by headrace with a TTL expire (as a PURGE), and a
     headrace watcher sees one nats-py created with a TTL expire."""

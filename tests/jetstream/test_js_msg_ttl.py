@@ -84,6 +84,7 @@ async def _ttl_stream(js: JetStream, name: str, **config: Any) -> None:
     )
 
 
+@pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
 async def test_publish_ttl_expires_the_message(nats_server, natspy):
     """A message published with ``ttl`` carries ``Nats-TTL`` (nats-py reads it stored) and is
     removed once it runs out; one with ``never`` outlives the stream's ``max_age``."""

@@ -354,6 +354,7 @@ async def test_the_servers_refusal_of_a_stale_handle_is_typed(nats_server, natsp
                 await messages.next_batch()
 
 
+@pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
 async def test_overflow_serves_a_threshold_pull_only_past_it(nats_server, natspy):
     await natspy.connect(nats_server.url)
     async with connect(nats_server.url, **FAST) as nc:
@@ -391,6 +392,7 @@ async def test_overflow_serves_a_threshold_pull_only_past_it(nats_server, natspy
         assert info.delivered.stream_seq == 8
 
 
+@pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
 async def test_prioritized_serves_the_lower_priority_first(nats_server, natspy):
     await natspy.connect(nats_server.url)
     async with (

@@ -67,6 +67,7 @@ async def peer(nats_server, natspy):
     return natspy
 
 
+@pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
 async def test_paused_pipeline_waits_alive_and_resumed_delivers_each_once(
     nats_server, peer, monkeypatch
 ):
