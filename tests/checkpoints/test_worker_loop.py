@@ -246,11 +246,12 @@ async def test_host_processes_ride_out_three_server_restarts(nats_server: Any, n
 
 
 def reported(lines: dict[str, list[str]]) -> bool:
-    """Both hosts' workers and global consumers said they lost the server."""
+    """Each host said it lost the server (its workers or its global consumer: a request timed
+    out). Not both: a global consumer whose pulls simply expire while the server is down may
+    never see a failed request (a CI run waited 60 s for one)."""
     return all(
-        any(line.startswith(f"outage {what}") for line in got)
+        any(line.startswith(("outage workers", "outage consumer")) for line in got)
         for got in lines.values()
-        for what in ("workers", "consumer")
     )
 
 
