@@ -102,6 +102,7 @@ async def renew_once(
         else:
             if stored.checkpoint.reservation is not None:
                 ctx.expires_at = stored.checkpoint.reservation.expires_at
+                on_lost.deadline = expiry_deadline(ctx)
     if not ctx.held():
         lose(ctx, on_lost, f"not renewed before it expired at {ctx.expires_at:.3f}")
 
@@ -110,6 +111,11 @@ def lose(ctx: HandlerContext, processing: trio.CancelScope, why: str) -> None:
     """The reservation is lost: the handler learns why, and its processing is cancelled."""
     ctx.lost = ctx.lost or why
     processing.cancel()
+
+
+def expiry_deadline(ctx: HandlerContext) -> float:
+    """When ``ctx``'s reservation expires, as a trio deadline (for the processing's scope)."""
+    return _trio_deadline(ctx.expires_at, ctx.clock())
 
 
 def _trio_deadline(expires_at: float, now: float) -> float:

@@ -38,7 +38,13 @@ from headrace.checkpoints.checkpoint import (
     ReservationLost,
     Status,
 )
-from headrace.checkpoints.fencing import HandlerContext, lose, renew_once, takes_context
+from headrace.checkpoints.fencing import (
+    HandlerContext,
+    expiry_deadline,
+    lose,
+    renew_once,
+    takes_context,
+)
 from headrace.checkpoints.retry import GiveUp, Retry, RetryPolicy
 from headrace.checkpoints.store import CheckpointStore, Stored
 from headrace.checkpoints.stream_check import MissingEvents
@@ -314,13 +320,18 @@ class CheckpointWorkers:
             # The reservation is renewed in the background while we hold it (a handler may
             # outlive it): the host's renewal task (:meth:`_keep_held`) sees it in
             # ``_holding``, and cancels ``processing`` when it finds it lost (fencing.py).
-            with trio.CancelScope() as processing:
+            # The scope's deadline is the reservation's expiry (moved by each renewal): a
+            # processing whose renewals did not get through is cancelled at that moment, not
+            # at the renewal task's next look.
+            with trio.CancelScope(deadline=expiry_deadline(ctx)) as processing:
                 self._holding[cid] = ctx
                 self._processing[cid] = processing
                 try:
                     left = await self._process(cid, reserved, subscription, handler, first, slot)
                 except Exception as exc:
                     error = exc
+            if processing.cancelled_caught and ctx.lost is None:
+                ctx.lost = f"not renewed before it expired at {ctx.expires_at:.3f}"
             if error is not None:
                 raise error
             if ctx.lost is not None and not _released_by(left, owner, ctx.fence):
