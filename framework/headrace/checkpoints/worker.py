@@ -109,9 +109,6 @@ class CheckpointWorkers:
     _unreleased: dict[CheckpointId, int] = attrs.field(factory=dict, init=False, repr=False)
     #: This worker's last write of each checkpoint it holds (store.change's ``current``).
     _last: dict[CheckpointId, Stored] = attrs.field(factory=dict, init=False, repr=False)
-    #: This worker's writes not yet seen back through the watch, by checkpoint: their entries
-    #: need not be decoded (the watch carries every write of every host, ours most of them).
-    _written: dict[CheckpointId, Stored] = attrs.field(factory=dict, init=False, repr=False)
     #: Whether the server answers batched Direct Gets (it does from 2.11).
     _batches: bool = attrs.field(default=True, init=False, repr=False)
     #: The last errors outside handlers (checkpoint, error), at most 100.
@@ -187,12 +184,6 @@ class CheckpointWorkers:
         if entry.operation is not Operation.PUT:
             backlog.forget(cid)
             return
-        mine = self._written.get(cid)
-        if mine is not None and mine.revision <= entry.revision:
-            del self._written[cid]
-            if mine.revision == entry.revision:
-                backlog.note(mine)
-                return
         try:
             backlog.note(Stored(Checkpoint.from_json(cid, entry.value), entry.revision))
         except CheckpointError as exc:  # one unreadable checkpoint: said, the rest go on
@@ -470,7 +461,6 @@ class CheckpointWorkers:
             self._last.pop(cid, None)
             raise
         self._last[cid] = stored
-        self._written[cid] = stored
         return stored
 
     def _note(self, cid: CheckpointId, exc: Exception) -> None:
