@@ -389,6 +389,8 @@ async def test_a_write_in_doubt_is_not_applied_twice(nats_server):
         (result,) = outcome
         # The first write landed (the server read it after the thaw): the retry saw it.
         assert isinstance(result, Committed) and result.already, result
+        # ... and counts it as this worker's commit: the state's count and the workers' agree.
+        assert coordinator.commits == 1
         state = await coordinator.refresh()
         assert list(state.unpublished) == [a.token] and state.commits == 1
         history = await coordinator.kv.history(OUTPUT)

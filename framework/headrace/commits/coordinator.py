@@ -195,13 +195,17 @@ class CommitCoordinator:
             result = state.commit(
                 attempt, self.worker, seqs, at=now_ms(), floors=floors, forget=published
             )
-            outcome[:] = [result]
+            outcome.append(result)
             return result.state if isinstance(result, Committed) else state
 
         await self.change(change)
-        result = outcome[0]
+        result = outcome[-1]
         if isinstance(result, Committed):
-            self.commits += 0 if result.already else 1
+            # Found committed on the first look: an earlier call committed it. Found so only
+            # on a later look (after a write in doubt, or the watch bringing it): this call's
+            # write landed, and it is this worker's commit like any other.
+            first = outcome[0]
+            self.commits += 0 if isinstance(first, Committed) and first.already else 1
         elif isinstance(result, Overlap):
             self.overlaps += 1
         return result
