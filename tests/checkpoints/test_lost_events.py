@@ -34,6 +34,7 @@ from headrace.jetstream.kv import KeyValueConfig, create_key_value
 from headrace.nats import connect
 from nats.js.api import DiscardPolicy, RetentionPolicy
 from natspy_peer import consumer_info, wait_consumer
+from stored import until_stored
 
 
 def billing(handler: Any = None) -> SubscriptionGroup:
@@ -199,36 +200,20 @@ async def test_events_gone_in_the_middle_of_a_backlog_fail_the_checkpoint(
                 "orders.1.e4",
             ]
             assert (cp.position, cp.version, cp.failing_seq) == (9, 9, 9)
-            with trio.fail_after(20):
-                while True:
-                    other = await store.get(two)
-                    if other is not None and other.checkpoint.position == 10:
-                        break
-                    await trio.sleep(0.02)  # KV state, no event to wait on
-            assert other.checkpoint.status is Status.ACTIVE
-            assert other.checkpoint.seen_events == other.checkpoint.processed_events == 5
+            other = await until_stored(store, two, lambda cp: cp.position == 10)
+            assert other.status is Status.ACTIVE
+            assert other.seen_events == other.processed_events == 5
 
             await operators.retry(store, one, position=9)
-            with trio.fail_after(20):
-                while True:
-                    back = await store.get(one)
-                    assert back is not None
-                    if back.checkpoint.status is Status.ACTIVE:
-                        break
-                    await trio.sleep(0.02)  # KV state, no event to wait on
+            await until_stored(store, one, lambda cp: cp.status is Status.ACTIVE)
             await natspy.call(jsp.publish, "orders.1.after", b"")
             with trio.fail_after(20):
                 await after.wait()
-            with trio.fail_after(20):
-                while True:
-                    last = await store.get(one)
-                    assert last is not None
-                    if last.checkpoint.position == last.checkpoint.version:
-                        break
-                    await trio.sleep(0.02)  # KV state, no event to wait on
+            # (The event is #11: the retry left position and version at 9.)
+            last = await until_stored(store, one, lambda cp: cp.position == cp.version > 9)
             nursery.cancel_scope.cancel()
-    assert last.checkpoint.status is Status.ACTIVE
-    assert last.checkpoint.seen_events == last.checkpoint.processed_events == 6
+    assert last.status is Status.ACTIVE
+    assert last.seen_events == last.processed_events == 6
     assert workers.missing == 1 and workers.errors == []
     assert handled.count("orders.1.e4") == 1 and len(handled) == 3 + 5 + 1
 

@@ -25,6 +25,7 @@ from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value
 from headrace.jetstream.transient import retry_transient
 from headrace.nats import connect
+from stored import until_stored
 
 ENTITIES = 8
 ROUNDS = 4  # events per entity published before the first restart and after each of three
@@ -326,14 +327,11 @@ async def test_a_new_event_costs_its_checkpoint_three_writes(nats_server: Any, n
                         await count.wait()
                         count = trio.Event()
                 # The handler has returned; its advance is written next.
-                with trio.fail_after(10):
-                    while True:
-                        history = await kv.history(cid.key)
-                        last = Checkpoint.from_json(cid, history[-1].value)
-                        if last.position == n and last.reservation is None:
-                            break
-                        await trio.sleep(0.01)  # KV state, no event to wait on here
+                await until_stored(
+                    store, cid, lambda cp, n=n: cp.position == n and cp.reservation is None, 10
+                )
             nursery.cancel_scope.cancel()
+        history = await kv.history(cid.key)
     states = [Checkpoint.from_json(cid, e.value) for e in history]
     assert [(s.version, s.position, s.reservation is not None) for s in states] == [
         (1, 0, False),  # created by the global consumer

@@ -28,6 +28,7 @@ from headrace.checkpoints.worker import CheckpointWorkers
 from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value, key_value
 from headrace.nats import connect
+from stored import until_stored
 
 ENTITIES = 5
 EVENTS = 6
@@ -129,19 +130,11 @@ async def test_a_version_raised_during_the_last_write_waits_for_a_slot(
         if msg.subject == "orders.1.e0":
             await js.publish("orders.2.e0", b"")
             ack = await js.publish("orders.1.e1", b"")
-            with trio.fail_after(10):
-                while True:
-                    now = await store.get(CheckpointId("billing", "ledger", "orders.1"))
-                    if now is not None and now.checkpoint.version >= ack.seq:
-                        break
-                    await trio.sleep(0.005)  # KV state, no event to wait on
+            one = CheckpointId("billing", "ledger", "orders.1")
+            await until_stored(store, one, lambda cp: cp.version >= ack.seq, timeout=10)
             # orders.2 is lagging too by now; give the dispatcher its chance.
-            with trio.fail_after(10):
-                while True:
-                    two = await store.get(CheckpointId("billing", "ledger", "orders.2"))
-                    if two is not None and two.checkpoint.lagging:
-                        break
-                    await trio.sleep(0.005)  # KV state, no event to wait on
+            two = CheckpointId("billing", "ledger", "orders.2")
+            await until_stored(store, two, lambda cp: cp.lagging, timeout=10)
         await trio.sleep(0.002)
         handled.append(msg.subject)
         running -= 1
@@ -189,12 +182,9 @@ async def test_a_poison_entity_retries_fails_and_blocks_nobody(
             await nursery.start(workers.run)
             # everyone else is done; orders.2 stopped at its second event
             await until(lambda: len(handled) >= total - (EVENTS - 1) and len(attempts) >= 3)
-            with trio.fail_after(10):  # the third failure is being written
-                while (stuck := await store.get(poison)) is None or (  # noqa: ASYNC110
-                    stuck.checkpoint.status is not Status.FAILED
-                ):
-                    await trio.sleep(0.02)
-            assert stuck.checkpoint.error == "ValueError: cannot bill this one"
+            # The third failure is being written.
+            stuck = await until_stored(store, poison, lambda cp: cp.status is Status.FAILED, 10)
+            assert stuck.error == "ValueError: cannot bill this one"
             assert len(attempts) == 3  # the first try and two retries, then failed
             assert [s for s in handled if s.startswith("orders.2.")] == ["orders.2.e0"]
             # an operator skips the poison message: the rest of orders.2 is processed
