@@ -24,7 +24,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import trio
@@ -97,12 +97,9 @@ class CheckpointWorkers:
     lost: int = 0
     #: Checkpoints failed because events they counted were gone from the stream.
     missing: int = 0
-    #: The checkpoints being processed, with what their handlers know of the reservation.
-    _holding: dict[CheckpointId, HandlerContext] = attrs.field(factory=dict, init=False, repr=False)
-    #: The cancel scope of each of those processings (a lost reservation cancels it).
-    _processing: dict[CheckpointId, trio.CancelScope] = attrs.field(
-        factory=dict, init=False, repr=False
-    )
+    #: The checkpoints being processed: what their handlers know of the reservation, and the
+    #: processing's cancel scope (a lost reservation cancels it).
+    _holding: dict[CheckpointId, _Holding] = attrs.field(factory=dict, init=False, repr=False)
     #: Per subscription: whether its handler takes a HandlerContext as second argument.
     _with_context: dict[str, bool] = attrs.field(factory=dict, init=False, repr=False)
     #: Checkpoints whose release failed (a server restart), with the claim's fencing token.
@@ -315,8 +312,7 @@ class CheckpointWorkers:
             # processing whose renewals did not get through is cancelled at that moment, not
             # at the renewal task's next look.
             with trio.CancelScope(deadline=expiry_deadline(ctx)) as processing:
-                self._holding[cid] = ctx
-                self._processing[cid] = processing
+                self._holding[cid] = _Holding(ctx, processing)
                 try:
                     left = await self._process(cid, reserved, subscription, handler, first, slot)
                 except Exception as exc:
@@ -340,7 +336,6 @@ class CheckpointWorkers:
             return None
         finally:
             self._holding.pop(cid, None)
-            self._processing.pop(cid, None)
             last = self._last.pop(cid, None)
             if last is None or last.checkpoint.held_by(owner, ctx.fence):
                 # Cut short (cancelled included): give the checkpoint back at once, rather
@@ -365,9 +360,8 @@ class CheckpointWorkers:
         while True:
             await trio.sleep(every)
             now = self.clock()
-            for cid, ctx in list(self._holding.items()):
-                processing = self._processing.get(cid)
-                if ctx in renewing or processing is None:
+            for ctx, processing in list(self._holding.values()):
+                if ctx in renewing:
                     continue
                 if not ctx.held():
                     lose(ctx, processing, f"not renewed before it expired at {ctx.expires_at:.3f}")
@@ -385,7 +379,8 @@ class CheckpointWorkers:
         owner, cid = self.owner, ctx.checkpoint
 
         def renew(cp: Checkpoint) -> Checkpoint:
-            if self._holding.get(cid) is not ctx or not cp.held_by(owner, ctx.fence):
+            holding = self._holding.get(cid)
+            if holding is None or holding.ctx is not ctx or not cp.held_by(owner, ctx.fence):
                 holder = cp.reservation.owner if cp.reservation else "nobody"
                 raise ReservationLost(
                     f"reserved by {holder} with fence {cp.fence}, not by {owner} with "
@@ -474,7 +469,7 @@ class CheckpointWorkers:
     async def _handle(self, handler: Handler, msg: StoredMessage, cid: CheckpointId) -> None:
         """Call the handler, with its HandlerContext when it takes one; none is started once
         this worker knows its claim lost or expired (a stall between messages)."""
-        ctx = self._holding[cid]
+        ctx = self._holding[cid].ctx
         ctx.ensure_held()
         if not self._with_context[cid.subscription]:
             await handler(msg)
@@ -591,13 +586,13 @@ class CheckpointWorkers:
         reservation is still its claim (owner and fencing token)."""
 
         def apply(cp: Checkpoint) -> Checkpoint:
-            ctx = self._holding.get(cp.id)
-            if ctx is not None and not cp.held_by(self.owner, ctx.fence):
+            holding = self._holding.get(cp.id)
+            if holding is not None and not cp.held_by(self.owner, holding.ctx.fence):
                 holder = cp.reservation.owner if cp.reservation else "nobody"
                 # Said without the checkpoint: the warning of process() names it.
                 raise ReservationLost(
                     f"reserved by {holder} with fence {cp.fence}, not by {self.owner} with "
-                    f"fence {ctx.fence}"
+                    f"fence {holding.ctx.fence}"
                 )
             return step(cp, self.owner, self.clock(), self.reservation)
 
@@ -630,6 +625,13 @@ class _Slot:
         if not self._held:
             await self._slots.acquire()
             self._held = True
+
+
+class _Holding(NamedTuple):
+    """A processing in progress, as the host's renewal task and the writes see it."""
+
+    ctx: HandlerContext
+    processing: trio.CancelScope
 
 
 def _reserve(cp: Checkpoint, owner: str, now: float, timeout: float) -> Checkpoint:
