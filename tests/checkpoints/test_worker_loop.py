@@ -25,6 +25,7 @@ from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value
 from headrace.jetstream.transient import retry_transient
 from headrace.nats import connect
+from host_output import read_lines
 from stored import until_stored
 
 ENTITIES = 8
@@ -254,15 +255,6 @@ def reported(lines: dict[str, list[str]]) -> bool:
         any(line.startswith(("outage workers", "outage consumer")) for line in got)
         for got in lines.values()
     )
-
-
-async def read_lines(proc: trio.Process, into: list[str]) -> None:
-    assert proc.stdout is not None
-    pending = b""
-    async for chunk in proc.stdout:
-        pending += chunk
-        *done, pending = pending.split(b"\n")
-        into.extend(line.decode() for line in done)
 
 
 @pytest.mark.slow
