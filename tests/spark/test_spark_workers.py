@@ -102,6 +102,31 @@ async def test_random_sigkills_of_three_workers(
         await finish(natspy, spark, workers, out)
 
 
+async def test_a_server_sigkill_and_restart_under_three_workers(
+    nats_server: Any, natspy: Any, spark: Any, tmp_path: Path
+) -> None:
+    """nats-server itself is SIGKILLed mid-run and started again (same port and store): the
+    workers reconnect, the consumer state the server kept may be behind what was acked (the
+    redeliveries meet their commits in the state), and every order is still read back once."""
+    await natspy.connect(nats_server.url)
+    await create_orders(natspy, N)
+    out, control = tmp_path / "out", tmp_path / "control"
+    pipeline = write_pipeline(
+        tmp_path, out, control, ack_wait=ACK_WAIT, stale_after=STALE_AFTER, stage_sleep=0.25
+    )
+    async with running_workers(pipeline, nats_server.url, tmp_path, 3) as workers:
+        await wait_consumer(natspy, lambda i: i.ack_floor.stream_seq > N // 4, "ORDERS", "lake", 60)
+        await trio.to_thread.run_sync(lambda: nats_server.restart(kill=True))
+        workers.log.append("nats-server SIGKILLed and restarted")
+        await natspy.connect(nats_server.url)  # (the peer does not reconnect by itself)
+        info = await consumer_info(natspy, "ORDERS", "lake")
+        assert info.ack_floor.stream_seq < N, "the run ended before the restart; slow it"
+        await finish(natspy, spark, workers, out)
+    # Each worker lost the server and came back (rather than ending or starting after it).
+    reconnects = [e["stats"]["reconnects"] for w in workers.ended for e in w.log_events("stopped")]
+    assert len(reconnects) == 3 and min(reconnects) >= 1, reconnects
+
+
 @pytest.mark.parametrize("n_workers", [1, 3])
 async def test_workers_stalled_past_ack_wait(
     nats_server: Any, natspy: Any, spark: Any, tmp_path: Path, n_workers: int
