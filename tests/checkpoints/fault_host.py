@@ -44,7 +44,10 @@ async def main(url: str, owner: str) -> None:
             ctx.ensure_held()
             entity = ctx.checkpoint.stream.rsplit(".", 1)[1]
             effect = f"{msg.subject} {msg.seq} {ctx.fence} {owner}".encode()
-            await retry_transient(lambda: js.publish(f"effects.{entity}", effect))
+            # (The id makes a resend of a publish in doubt one effect: a second run of the
+            # event is a new claim, so a new fence and a new id.)
+            once = f"{msg.seq}:{ctx.fence}"
+            await retry_transient(lambda: js.publish(f"effects.{entity}", effect, msg_id=once))
             await trio.sleep(0.01)
 
         group = SubscriptionGroup(

@@ -32,6 +32,7 @@ from fault_host import CONCURRENCY, RESERVATION
 from headrace.checkpoints import Checkpoint, CheckpointStore, Status
 from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value
+from headrace.jetstream.transient import retry_transient
 from headrace.nats import connect
 from host_output import read_lines
 
@@ -53,8 +54,11 @@ class Hosts:
         self.nursery = nursery
         self.url = url
         self.current: list[trio.Process] = []
+        #: Every process started, killed ones included (for the clean-up).
+        self.started: list[trio.Process] = []
         self.lines: dict[int, list[str]] = {}
         self.stopped: set[int] = set()
+        self._continued = trio.Event()
         self.log: list[str] = []
 
     async def start(self, index: int) -> None:
@@ -65,6 +69,7 @@ class Hosts:
             self.current[index] = proc
         else:
             self.current.append(proc)
+        self.started.append(proc)
         self.lines[proc.pid] = []
         self.nursery.start_soon(read_lines, proc, self.lines[proc.pid])
 
@@ -84,13 +89,22 @@ class Hosts:
         finally:
             proc.send_signal(signal.SIGCONT)
             self.stopped.discard(index)
+            self._continued.set()
+            self._continued = trio.Event()
+
+    async def running(self, rng: random.Random) -> int:
+        """A host that is not stopped, at random (waiting for one to be continued if all
+        are)."""
+        while len(self.stopped) == len(self.current):
+            await self._continued.wait()
+        return rng.choice([i for i in range(len(self.current)) if i not in self.stopped])
 
     async def wait_ready(self) -> None:
         with trio.fail_after(60):
             while not all("ready" in self.lines[p.pid] for p in self.current):  # noqa: ASYNC110
                 await trio.sleep(0.05)  # (another process's output: nothing to wait on)
 
-    async def stop_all(self) -> list[int]:
+    async def stop_all(self) -> list[int | None]:
         for proc in self.current:
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
@@ -98,6 +112,13 @@ class Hosts:
             for proc in self.current:
                 await proc.wait()
         return [proc.returncode for proc in self.current]
+
+    def kill_all(self) -> None:
+        """The clean-up after a failure: no host left retrying its connection."""
+        for proc in self.started:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
 
 
 async def test_random_faults_lose_nothing_and_keep_each_entity_in_order(
@@ -143,7 +164,7 @@ async def test_random_faults_lose_nothing_and_keep_each_entity_in_order(
                 hosts.log.append("nats-server SIGKILLed and restarted")
                 await trio.to_thread.run_sync(lambda: nats_server.restart(kill=True))
                 continue
-            index = pick_fault.choice([i for i in range(HOSTS) if i not in hosts.stopped])
+            index = await hosts.running(pick_fault)
             hosts.log.append(f"host {index}: {fault}")
             if fault == "kill":
                 await hosts.kill(index)
@@ -154,21 +175,26 @@ async def test_random_faults_lose_nothing_and_keep_each_entity_in_order(
         js = JetStream(nc)
         store = CheckpointStore(await create_key_value(js, KeyValueConfig(bucket="cp")))
         hosts = Hosts(nursery, nats_server.url)
-        for index in range(HOSTS):
-            await hosts.start(index)
-        await hosts.wait_ready()
-        async with trio.open_nursery() as campaign:
-            campaign.start_soon(publish)
-            campaign.start_soon(inject, hosts, campaign)
-        context = f"seed {seed}, faults {hosts.log}"
-        final = await caught_up(store, last, context)
-        await hosts.wait_ready()  # (a host started by the last kill has said so)
-        codes = await hosts.stop_all()
+        try:
+            for index in range(HOSTS):
+                await hosts.start(index)
+            await hosts.wait_ready()
+            async with trio.open_nursery() as campaign:
+                campaign.start_soon(publish)
+                campaign.start_soon(inject, hosts, campaign)
+            context = f"seed {seed}, faults {hosts.log}"
+            final = await caught_up(store, last, context)
+            await hosts.wait_ready()  # (a host started by the last kill has said so)
+            codes = await hosts.stop_all()
+        finally:
+            hosts.kill_all()
         nursery.cancel_scope.cancel()
     assert codes == [0] * HOSTS, (codes, context)
     assert all(cp.seen_events == cp.processed_events for cp in final), (final, context)
 
-    js_py = natspy.nc.jetstream()  # (a new connection since the restart)
+    if natspy.nc.is_closed:  # the restart came after the last publish
+        await natspy.connect(nats_server.url)
+    js_py = natspy.nc.jetstream()
     effects = await natspy.call(read_stream, js_py, "EFFECTS")
     accepted, refused = fenced(effects)
     assert set(accepted) == set(last), context
@@ -197,7 +223,7 @@ async def caught_up(
     seen: list[Checkpoint] = []
     with trio.move_on_after(timeout):
         while True:
-            seen = [s.checkpoint async for s in store.all("billing")]
+            seen = await retry_transient(lambda: checkpoints(store))
             failed = [cp for cp in seen if cp.status is Status.FAILED]
             assert not failed, (failed, context)
             if {cp.id.stream: cp.version for cp in seen} == wanted and all(
@@ -206,6 +232,10 @@ async def caught_up(
                 return seen
             await trio.sleep(0.1)  # (the hosts write in other processes)
     raise AssertionError(f"not caught up in {timeout}s: {seen} ({context})")
+
+
+async def checkpoints(store: CheckpointStore) -> list[Checkpoint]:
+    return [s.checkpoint async for s in store.all("billing")]
 
 
 async def read_stream(js_py: Any, stream: str) -> list[tuple[str, int, str]]:
