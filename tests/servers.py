@@ -966,20 +966,57 @@ class NatsCluster:
         return [s for s in self.servers if s.is_running]
 
     def start(self, timeout: float | None = None) -> Self:
-        """Start all nodes at once, then wait for readiness, routes and the JS meta leader."""
+        """Start all nodes at once, then wait for readiness, routes and the JS meta leader.
+
+        A node that lost the race for one of its ports (another process bound it between
+        ``free_port`` and the node's listen) logs ``address already in use`` and exits, after
+        saying it is ready: the whole cluster is then started again on new ports and empty
+        stores, up to three times. (A CI run once waited 30 s for a meta leader of a cluster
+        whose node n1 had died so, and failed the test.)"""
         timeout = self.start_timeout if timeout is None else timeout
-        try:
-            for s in self.servers:
-                s.spawn()
-            for s in self.servers:
-                s.wait_ready(timeout)
-            self.wait_routed(timeout)
-            if self.jetstream:
-                self.wait_jetstream_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        attempts = 3
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout)
+            except ServerError:
+                self.stop()
+                if attempt + 1 < attempts and self._lost_a_port():
+                    self._move_ports()
+                    continue
+                raise
+            except BaseException:
+                self.stop()
+                raise
+            return self
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> None:
+        for s in self.servers:
+            s.spawn()
+        for s in self.servers:
+            s.wait_ready(timeout)
+        self.wait_routed(timeout)
+        dead = [s.server_name for s in self.servers if not s.is_running]
+        if dead:
+            raise ServerError(f"cluster: {dead} exited while starting")
+        if self.jetstream:
+            self.wait_jetstream_ready(timeout)
+
+    def _lost_a_port(self) -> bool:
+        return any(_ADDR_IN_USE in s.run_log for s in self.servers)
+
+    def _move_ports(self) -> None:
+        """New client and route ports for every node, and empty stores (the failed start may
+        have begun a meta group)."""
+        cluster_ports = [free_port() for _ in self.servers]
+        routes = [f"nats-route://127.0.0.1:{p}" for p in cluster_ports]
+        for server, cluster_port in zip(self.servers, cluster_ports, strict=True):
+            if server._auto_port:
+                server.port = free_port(server.host)
+            server.cluster_port = cluster_port
+            server.routes = list(routes)
+            shutil.rmtree(server.store_dir, ignore_errors=True)
+            server.write_config()
 
     def stop(self) -> None:
         for s in self.servers:

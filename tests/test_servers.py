@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from nats.aio.client import Client
 from nats.js.api import StorageType
 from natspy_peer import once_placed_natspy
 from servers import (
+    CLUSTER_TIMEOUT,
     LDM_LINE,
     META_LEADER_OTHER_RE,
     META_LEADER_SELF_LINE,
@@ -417,6 +419,28 @@ def test_stop_during_lame_duck(nats_server_factory: Callable[..., NatsServer]) -
 # --------------------------------------------------------------------------
 # cluster
 # --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_cluster_node_that_loses_the_race_for_its_route_port_starts_again_elsewhere() -> None:
+    """Another process listens on node n1's route port before the cluster starts (what a
+    concurrent test did in CI, between ``free_port`` and the node's listen): the start moves
+    the cluster to new ports instead of waiting for a meta leader that cannot come."""
+    cluster = NatsCluster(size=3)
+    taken = cluster[1].cluster_port
+    assert taken is not None
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            started = time.monotonic()
+            cluster.start()
+            assert time.monotonic() - started < CLUSTER_TIMEOUT  # not a timed-out wait
+            assert cluster[1].cluster_port != taken
+            assert cluster.meta_leader() is not None
+            assert all(s.is_running for s in cluster.servers)
+        finally:
+            cluster.close()
 
 
 @pytest.mark.slow
