@@ -23,6 +23,8 @@ from types import TracebackType
 from headrace.errors import HeadraceError
 
 READY_LINE = "Server is ready"
+#: What nats-server logs when a port it was told to listen on is taken.
+ADDRESS_IN_USE = "address already in use"
 
 
 class LocalServerError(HeadraceError):
@@ -73,20 +75,25 @@ class LocalServer:
         own_session: bool = False,
     ) -> None:
         self._own_session = own_session
+        self._auto_port = port is None
         self.port = free_port() if port is None else port
+        self._jetstream = jetstream
+        self._extra_config = extra_config
         self._dir = tempfile.mkdtemp(prefix="headrace-nats-")
         self.store_dir = (
             Path(self._dir, "js") if store_dir is None else Path(store_dir).expanduser().resolve()
         )
-        lines = [f"listen: 127.0.0.1:{self.port}"]
-        if jetstream:
-            lines.append(f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}")
-        lines.append(extra_config)
         self._config = Path(self._dir, "server.conf")
-        self._config.write_text("\n".join(lines) + "\n")
+        self._write_config()
         self._proc: subprocess.Popen[str] | None = None
-        self._ready = threading.Event()
         self._log: list[str] = []
+
+    def _write_config(self) -> None:
+        lines = [f"listen: 127.0.0.1:{self.port}"]
+        if self._jetstream:
+            lines.append(f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}")
+        lines.append(self._extra_config)
+        self._config.write_text("\n".join(lines) + "\n")
 
     @property
     def url(self) -> str:
@@ -98,6 +105,27 @@ class LocalServer:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, timeout: float = 20.0) -> LocalServer:
+        """Start the server and wait until it says it is ready. A port of its own choosing
+        that another process took in the meantime (``free_port`` can only say it was free a
+        moment ago; tests running in parallel start servers all the time) is replaced by a
+        new one, twice at most; a port the caller gave is not."""
+        attempts = 3 if self._auto_port else 1
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except LocalServerError:
+                lost_port = any(ADDRESS_IN_USE in line for line in self._log)
+                if attempt + 1 < attempts and lost_port:
+                    self.port = free_port()
+                    self._write_config()
+                    continue
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> LocalServer:
+        self._log = []
+        ready = threading.Event()
         proc = subprocess.Popen(
             [find_nats_server(), "-c", str(self._config)],
             stdin=subprocess.DEVNULL,
@@ -113,12 +141,16 @@ class LocalServer:
             for line in proc.stdout:
                 self._log.append(line.rstrip())
                 if READY_LINE in line:
-                    self._ready.set()
-            self._ready.set()  # exited: wake the waiter, which sees the process gone
+                    said_ready.append(True)
+                    ready.set()
+            ready.set()  # its output ended: wake the waiter, which sees it did not start
 
+        said_ready: list[bool] = []
         threading.Thread(target=read, daemon=True).start()
-        if not self._ready.wait(timeout) or proc.poll() is not None:
-            self.stop()
+        # (Its output can end before the process is reaped: "not said ready" is the test
+        # that it failed, not only the process gone. Seen when its port was taken.)
+        if not ready.wait(timeout) or not said_ready or proc.poll() is not None:
+            self._stop_process()
             tail = "\n".join(self._log[-20:])
             raise LocalServerError(f"nats-server did not start:\n{tail}")
         return self
@@ -136,6 +168,10 @@ class LocalServer:
         return self._log[-lines:]
 
     def stop(self) -> None:
+        self._stop_process()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _stop_process(self) -> None:
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -145,7 +181,6 @@ class LocalServer:
                 proc.kill()
                 proc.wait()
         self._proc = None
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> LocalServer:
         return self.start()
