@@ -39,3 +39,9 @@ def at_least_one_or_none(_inst: object, attribute: attrs.Attribute[Any], value: 
     """A count that, when given, is at least 1 (``None``: not set)."""
     if value is not None and value < 1:
         raise ValueError(f"{attribute.name} must be at least 1, not {value!r}")
+
+
+def at_least_one(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    """A count of at least 1, and an integer: ``True`` or ``1.5`` is a mistake, not a count."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an integer of at least 1, not {value!r}")

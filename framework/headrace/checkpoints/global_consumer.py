@@ -28,6 +28,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
+from headrace._validators import at_least_one
 from headrace.checkpoints.checkpoint import Checkpoint
 from headrace.checkpoints.store import CheckpointStore
 from headrace.checkpoints.stream_check import check_stream
@@ -52,11 +53,6 @@ def durable_name(group: str) -> str:
     return f"checkpoints_{group}"
 
 
-def _at_least_one(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be an integer of at least 1, not {value!r}")
-
-
 def _positive(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{attribute.name} must be a positive number of seconds, not {value}")
@@ -79,7 +75,7 @@ class GlobalConsumer:
     ack_wait: float = attrs.field(default=DEFAULT_ACK_WAIT, validator=_positive)
     #: Checkpoint writes of one batch in flight at once (each is a compare-and-set on its own
     #: key, so their order does not matter).
-    write_concurrency: int = attrs.field(default=DEFAULT_WRITE_CONCURRENCY, validator=_at_least_one)
+    write_concurrency: int = attrs.field(default=DEFAULT_WRITE_CONCURRENCY, validator=at_least_one)
     #: Messages read, and checkpoint writes made, since start.
     messages: int = 0
     writes: int = 0
