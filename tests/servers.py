@@ -42,7 +42,13 @@ import nkeys
 
 # One way to find the binary and pick a port: the library's (its local server for the demo and
 # the benchmarks uses them too). READY_LINE is the log line both wait for.
-from headrace.localserver import READY_LINE, LocalServerError, find_nats_server, free_port
+from headrace.localserver import (
+    ADDRESS_IN_USE,
+    READY_LINE,
+    LocalServerError,
+    find_nats_server,
+    free_port,
+)
 
 __all__ = [
     "LDM_LINE",
@@ -90,7 +96,6 @@ LDM_LINE = "Entering lame duck mode, stop accepting new clients"
 _META_RAFT_RE = re.compile(r"RAFT \[(\w+) - _meta_\]")
 _META_ADD_PEER_RE = META_ADD_PEER_RE
 _SERVER_ID_RE = re.compile(r"\]\s+ID:\s+(N[A-Z0-9]{55})\s*$")
-_ADDR_IN_USE = "address already in use"
 
 DEFAULT_TIMEOUT = 10.0
 #: Cluster waits: a JetStream meta-leader re-election takes ~4-8 s with nats-server 2.15.
@@ -643,7 +648,7 @@ class NatsServer:
             try:
                 self.wait_ready(timeout)
             except ServerError:
-                if attempt + 1 < attempts and _ADDR_IN_USE in self.run_log:
+                if attempt + 1 < attempts and ADDRESS_IN_USE in self.run_log:
                     # Lost the race for the port; pick another one and retry.
                     self.kill()
                     self.port = free_port(self.host)
@@ -1003,7 +1008,7 @@ class NatsCluster:
             self.wait_jetstream_ready(timeout)
 
     def _lost_a_port(self) -> bool:
-        return any(_ADDR_IN_USE in s.run_log for s in self.servers)
+        return any(ADDRESS_IN_USE in s.run_log for s in self.servers)
 
     def _move_ports(self) -> None:
         """New client and route ports for every node, and empty stores (the failed start may
