@@ -918,6 +918,12 @@ class NatsServer:
 # --------------------------------------------------------------------------
 
 
+def _route_ports(size: int) -> tuple[list[int], list[str]]:
+    """``size`` free route ports, and the route URLs every node of the cluster is given."""
+    ports = [free_port() for _ in range(size)]
+    return ports, [f"nats-route://127.0.0.1:{p}" for p in ports]
+
+
 class NatsCluster:
     """*size* routed servers (full mesh routes) with clustered JetStream.
 
@@ -939,8 +945,7 @@ class NatsCluster:
         self.jetstream = jetstream
         self.start_timeout = start_timeout
         self._cond = threading.Condition()
-        cluster_ports = [free_port() for _ in range(size)]
-        route_urls = [f"nats-route://127.0.0.1:{p}" for p in cluster_ports]
+        cluster_ports, route_urls = _route_ports(size)
         server_kwargs.setdefault("debug", True)
         self.servers = [
             NatsServer(
@@ -1013,8 +1018,7 @@ class NatsCluster:
     def _move_ports(self) -> None:
         """New client and route ports for every node, and empty stores (the failed start may
         have begun a meta group)."""
-        cluster_ports = [free_port() for _ in self.servers]
-        routes = [f"nats-route://127.0.0.1:{p}" for p in cluster_ports]
+        cluster_ports, routes = _route_ports(len(self.servers))
         for server, cluster_port in zip(self.servers, cluster_ports, strict=True):
             if server._auto_port:
                 server.port = free_port(server.host)

@@ -28,3 +28,28 @@ async def until_stored(
                     if predicate(seen):
                         return seen
     raise AssertionError(f"{cid}: not so within {timeout}s; last stored: {seen}")
+
+
+async def until_group_stored(
+    store: CheckpointStore,
+    group: str,
+    predicate: Callable[[dict[CheckpointId, Checkpoint]], bool],
+    timeout: float = 20,
+) -> dict[CheckpointId, Checkpoint]:
+    """Every checkpoint of ``group`` (a name with nothing to escape), once ``predicate`` holds
+    of them together, as a watch of the group brings each write; checked from the end of the
+    watch's initial data on."""
+    seen: dict[CheckpointId, Checkpoint] = {}
+    with trio.move_on_after(timeout):
+        async with store.kv.watch(f"{group}.>") as watcher:
+            if watcher.initial_done and predicate(seen):  # (a group with no checkpoint)
+                return seen
+            async for entry in watcher:
+                cid = CheckpointId.from_key(entry.key)
+                if entry.operation is Operation.PUT:
+                    seen[cid] = Checkpoint.from_json(cid, entry.value)
+                else:
+                    seen.pop(cid, None)
+                if watcher.initial_done and predicate(seen):
+                    return seen
+    raise AssertionError(f"group {group}: not so within {timeout}s; last stored: {seen}")

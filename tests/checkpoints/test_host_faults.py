@@ -35,6 +35,7 @@ from headrace.jetstream.kv import KeyValueConfig, create_key_value
 from headrace.jetstream.transient import retry_transient
 from headrace.nats import connect
 from host_output import read_lines
+from stored import until_group_stored
 
 pytestmark = pytest.mark.slow
 
@@ -220,22 +221,20 @@ async def caught_up(
     """Every entity's checkpoint at its last event, handled, released; a failed one fails the
     test at once (missing events reported, or a handler that kept failing)."""
     wanted = {f"orders.{entity}": seq for entity, seq in last.items()}
-    seen: list[Checkpoint] = []
-    with trio.move_on_after(timeout):
-        while True:
-            seen = await retry_transient(lambda: checkpoints(store))
-            failed = [cp for cp in seen if cp.status is Status.FAILED]
-            assert not failed, (failed, context)
-            if {cp.id.stream: cp.version for cp in seen} == wanted and all(
-                cp.position == cp.version and cp.reservation is None for cp in seen
-            ):
-                return seen
-            await trio.sleep(0.1)  # (the hosts write in other processes)
-    raise AssertionError(f"not caught up in {timeout}s: {seen} ({context})")
 
+    def done(seen: dict[Any, Checkpoint]) -> bool:
+        failed = [cp for cp in seen.values() if cp.status is Status.FAILED]
+        assert not failed, (failed, context)
+        return {cp.id.stream: cp.version for cp in seen.values()} == wanted and all(
+            cp.position == cp.version and cp.reservation is None for cp in seen.values()
+        )
 
-async def checkpoints(store: CheckpointStore) -> list[Checkpoint]:
-    return [s.checkpoint async for s in store.all("billing")]
+    try:
+        # (Retried if the watch cannot start yet: the server may have just restarted.)
+        found = await retry_transient(lambda: until_group_stored(store, "billing", done, timeout))
+        return list(found.values())
+    except AssertionError as exc:
+        raise AssertionError(f"{exc} ({context})") from None
 
 
 async def read_stream(js_py: Any, stream: str) -> list[tuple[str, int, str]]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 from headrace.checkpoints import (
+    Checkpoint,
     CheckpointError,
     CheckpointId,
     CheckpointStore,
@@ -28,7 +29,7 @@ from headrace.checkpoints.worker import CheckpointWorkers
 from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value, key_value
 from headrace.nats import connect
-from stored import until_stored
+from stored import until_group_stored, until_stored
 
 ENTITIES = 5
 EVENTS = 6
@@ -63,16 +64,10 @@ def billing(handler: Any) -> SubscriptionGroup:
 async def settled(store: CheckpointStore, group: str = "billing") -> None:
     """Every checkpoint at its version and released: the last handlers' positions written."""
 
-    async def unsettled() -> list[Any]:
-        return [
-            s
-            async for s in store.all(group)
-            if s.checkpoint.position < s.checkpoint.version or s.checkpoint.reservation
-        ]
+    def done(seen: dict[CheckpointId, Checkpoint]) -> bool:
+        return all(cp.position >= cp.version and cp.reservation is None for cp in seen.values())
 
-    with trio.fail_after(20):
-        while await unsettled():  # noqa: ASYNC110 - KV state has no event here
-            await trio.sleep(0.02)
+    await until_group_stored(store, group, done)
 
 
 async def test_each_entity_in_order_all_entities_at_once(nats_server: Any, natspy: Any) -> None:
