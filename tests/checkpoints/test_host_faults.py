@@ -60,6 +60,7 @@ class Hosts:
         self.lines: dict[int, list[str]] = {}
         self.stopped: set[int] = set()
         self._continued = trio.Event()
+        self._new_lines = trio.Event()
         self.log: list[str] = []
 
     async def start(self, index: int) -> None:
@@ -72,7 +73,7 @@ class Hosts:
             self.current.append(proc)
         self.started.append(proc)
         self.lines[proc.pid] = []
-        self.nursery.start_soon(read_lines, proc, self.lines[proc.pid])
+        self.nursery.start_soon(read_lines, proc, self.lines[proc.pid], self._said)
 
     async def kill(self, index: int) -> None:
         proc = self.current[index]
@@ -100,10 +101,14 @@ class Hosts:
             await self._continued.wait()
         return rng.choice([i for i in range(len(self.current)) if i not in self.stopped])
 
+    def _said(self) -> None:
+        self._new_lines.set()
+        self._new_lines = trio.Event()
+
     async def wait_ready(self) -> None:
         with trio.fail_after(60):
-            while not all("ready" in self.lines[p.pid] for p in self.current):  # noqa: ASYNC110
-                await trio.sleep(0.05)  # (another process's output: nothing to wait on)
+            while not all("ready" in self.lines[p.pid] for p in self.current):
+                await self._new_lines.wait()
 
     async def stop_all(self) -> list[int | None]:
         for proc in self.current:
