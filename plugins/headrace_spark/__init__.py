@@ -1,4 +1,5 @@
-"""headrace's Spark sink plugin: pipeline batches into parquet or tables through PySpark.
+"""headrace's Spark plugin: pipeline batches into parquet or tables through PySpark, and
+JetStream as a Spark data source (the format ``jetstream``: :func:`register`).
 
 A distribution of its own, ``headrace-spark`` (this directory's pyproject.toml), written as any
 plugin would be: it registers the sink ``spark`` (entry-point group ``headrace.sinks``) and the
@@ -20,7 +21,12 @@ from typing import TYPE_CHECKING, Any
 from headrace_spark._version import __version__
 from headrace_spark.compact import CompactionReport, compact
 from headrace_spark.errors import (
+    DataLost,
+    JetStreamFormatError,
+    JetStreamOptionError,
     LedgerError,
+    PublishFailed,
+    SourceStreamRecreated,
     SparkJobCancelled,
     SparkPythonError,
     SparkSchemaError,
@@ -32,6 +38,7 @@ from headrace_spark.targets import ParquetTarget, TableTarget
 
 if TYPE_CHECKING:
     from headrace_spark.schema import METADATA_SCHEMA, TableBuilder, schema_of
+    from headrace_spark.datasource import JetStreamDataSource, register
     from headrace_spark.session import embedded_conf, start_session
     from headrace_spark.sink import CommitInfo, SparkSink
 
@@ -39,6 +46,8 @@ if TYPE_CHECKING:
 _WHERE = {
     "METADATA_SCHEMA": "schema",
     "TableBuilder": "schema",
+    "JetStreamDataSource": "datasource",
+    "register": "datasource",
     "schema_of": "schema",
     "embedded_conf": "session",
     "start_session": "session",
@@ -50,8 +59,14 @@ __all__ = [
     "METADATA_SCHEMA",
     "CommitInfo",
     "CompactionReport",
+    "DataLost",
+    "JetStreamDataSource",
+    "JetStreamFormatError",
+    "JetStreamOptionError",
     "LedgerError",
     "ParquetTarget",
+    "PublishFailed",
+    "SourceStreamRecreated",
     "SparkJobCancelled",
     "SparkPythonError",
     "SparkSchemaError",
@@ -63,6 +78,7 @@ __all__ = [
     "TableTarget",
     "__version__",
     "compact",
+    "register",
     "embedded_conf",
     "schema_of",
     "start_session",

@@ -1,9 +1,12 @@
-"""Errors of the Spark sink. All are :class:`~headrace.sinks.errors.SinkError`s: raised from
-``write_batch`` they fail the batch, so its messages are naked and come again; nothing is acked
-that Spark did not commit."""
+"""Errors of the Spark plugin.
+
+The sink's are :class:`~headrace.sinks.errors.SinkError`s: raised from ``write_batch`` they fail
+the batch, so its messages are naked and come again; nothing is acked that Spark did not commit.
+The ``jetstream`` data source's are :class:`JetStreamFormatError`s (end of the module)."""
 
 from __future__ import annotations
 
+from headrace.errors import HeadraceError
 from headrace.sinks.errors import SinkError
 
 
@@ -66,3 +69,60 @@ class SparkJobCancelled(SparkWriteError):
 
 class LedgerError(SparkSinkError):
     """The output's commit ledger cannot be read, so the sink cannot know what it holds."""
+
+
+# -- the ``jetstream`` data source (headrace_spark.datasource) -------------------------------------
+
+
+class JetStreamFormatError(HeadraceError):
+    """Base class of the errors of the ``jetstream`` Spark data source (reading a stream into
+    Spark, writing rows to one). Raised in Spark's Python workers, they reach the query as
+    Spark's own error, with this message in it; they never carry a secret."""
+
+
+class JetStreamOptionError(JetStreamFormatError, ValueError):
+    """An option of the ``jetstream`` format is missing, unknown or malformed. ``option`` names
+    it (as written in the docs' options table)."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"jetstream option {option!r}: {message}")
+        self.option = option
+
+
+class DataLost(JetStreamFormatError):
+    """Messages of the range a query must read were removed from the stream before they were
+    read (retention limits, a purge): sequences ``first`` to ``last`` of ``stream``. Raised with
+    ``failOnDataLoss=true`` (the default); with ``false`` the range is skipped with a warning."""
+
+    def __init__(self, stream: str, first: int, last: int) -> None:
+        count = last - first + 1
+        super().__init__(
+            f"stream {stream!r}: sequences {first}-{last} ({count} messages) were removed "
+            "before the query read them (retention limits or a purge). Set failOnDataLoss=false "
+            "to skip what is gone, or start a new query (a new checkpoint) from what is left"
+        )
+        self.stream = stream
+        self.first = first
+        self.last = last
+
+
+class SourceStreamRecreated(JetStreamFormatError):
+    """The stream the query reads was deleted and created again under its name: its sequences
+    started again at 1, so the query's offsets no longer mean what they meant. Start a new
+    query (a new checkpoint location) to read the new stream."""
+
+    def __init__(self, stream: str, was: str, now: str) -> None:
+        super().__init__(
+            f"stream {stream!r} was deleted and created again (created {was}, now {now}): the "
+            "query's offsets belong to the old stream; start the query again with a new "
+            "checkpoint location to read the new one"
+        )
+        self.stream = stream
+        self.was = was
+        self.now = now
+
+
+class PublishFailed(JetStreamFormatError):
+    """Rows could not be written to the stream: the stream refused them (``__cause__`` says
+    why) or never confirmed them in time. Spark retries the task; the retry's messages carry
+    the same ``Nats-Msg-Id``s, so what was stored already is not stored twice."""
