@@ -37,8 +37,8 @@ from headrace_spark.errors import (
 from headrace_spark.targets import ParquetTarget, TableTarget
 
 if TYPE_CHECKING:
-    from headrace_spark.schema import METADATA_SCHEMA, TableBuilder, schema_of
     from headrace_spark.datasource import JetStreamDataSource, register
+    from headrace_spark.schema import METADATA_SCHEMA, TableBuilder, schema_of
     from headrace_spark.session import embedded_conf, start_session
     from headrace_spark.sink import CommitInfo, SparkSink
 
@@ -78,8 +78,8 @@ __all__ = [
     "TableTarget",
     "__version__",
     "compact",
-    "register",
     "embedded_conf",
+    "register",
     "schema_of",
     "start_session",
 ]

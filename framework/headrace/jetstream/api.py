@@ -513,9 +513,18 @@ class JetStreamAPI:
         return await self.direct_get_many(stream, request, timeout=timeout)
 
     async def direct_get_many(
-        self, stream: str, request: BatchGet | MultiLastGet, *, timeout: float | None = None
+        self,
+        stream: str,
+        request: BatchGet | MultiLastGet,
+        *,
+        timeout: float | None = None,
+        reader: DirectBatchReader | None = None,
     ) -> DirectBatch:
         """Send one batched Direct Get and read its answer up to the end-of-batch status.
+
+        ``reader`` replaces the default :class:`~headrace.jetstream.DirectBatchReader` (one
+        for this request only): a subclass may keep the messages its own way, as the Spark
+        plugin's reader does, turning them into columns without a ``StoredMessage`` each.
 
         Typed failures: :class:`~headrace.jetstream.DirectGetNotAllowed` (the stream has no
         ``allow_direct``), :class:`StreamNotFound`, :class:`~headrace.jetstream.TooManySubjects`,
@@ -527,7 +536,7 @@ class JetStreamAPI:
         check_stream("stream", stream)
         limit = self.timeout if timeout is None else timeout
         mux = self._direct_mux()
-        reply, waiting = mux.register(DirectBatchReader(stream))
+        reply, waiting = mux.register(reader if reader is not None else DirectBatchReader(stream))
         data = json.dumps(request.body(), separators=(",", ":")).encode()
         try:
             with trio.move_on_after(limit):

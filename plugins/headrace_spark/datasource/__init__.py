@@ -53,8 +53,6 @@ SOURCE_SCHEMA = (
 )
 
 
-
-
 def source_schema() -> StructType:
     """:data:`SOURCE_SCHEMA` as a ``StructType``, built without a session (Spark's Python
     workers have none to parse DDL with)."""

@@ -38,7 +38,12 @@ class StreamOffset:
         self.seq = seq
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": OFFSET_VERSION, "stream": self.stream, "created": self.created, "seq": self.seq}
+        return {
+            "v": OFFSET_VERSION,
+            "stream": self.stream,
+            "created": self.created,
+            "seq": self.seq,
+        }
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> StreamOffset:

@@ -206,9 +206,8 @@ class ConnectionSpec:
             value = getattr(self, name)
             if value is not None:
                 shown.append(f"{name}={value!r}")
-        for name in ("password", "token", "nkey"):
-            if getattr(self, name) is not None:
-                shown.append(f"{name}={_SECRET!r}")
+        hidden = [n for n in ("password", "token", "nkey") if getattr(self, n) is not None]
+        shown.extend(f"{name}={_SECRET!r}" for name in hidden)
         return f"ConnectionSpec({', '.join(shown)})"
 
     @property
@@ -248,8 +247,11 @@ class ConnectionSpec:
         from headrace.nats import connect
 
         async with connect(list(self.servers), **self.connect_kwargs()) as nc:
-            yield nc, JetStream(
-                nc, domain=self.domain, api_prefix=self.api_prefix, timeout=self.request_timeout
+            yield (
+                nc,
+                JetStream(
+                    nc, domain=self.domain, api_prefix=self.api_prefix, timeout=self.request_timeout
+                ),
             )
 
 

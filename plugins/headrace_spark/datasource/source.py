@@ -239,5 +239,8 @@ class JetStreamBatchReader(DataSourceReader):
         return _partitions(spec, state, first - 1, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SequenceRange)
+        if not isinstance(partition, SequenceRange):
+            # An empty range: PySpark plans one InputPartition(None) when partitions() is
+            # empty (plan_data_source_read.py), and its task reads nothing.
+            return iter(())
         return read_partition(self.spec, partition)

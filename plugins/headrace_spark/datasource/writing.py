@@ -291,10 +291,10 @@ class JetStreamStreamWriter(_Publishing, DataSourceStreamArrowWriter):
             )
         return self._publish(f"{query}:{batch}", iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_done("batch", batchId, messages)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning("jetstream micro-batch %d aborted; it runs again with the same ids", batchId)
 
 
