@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         want = expected_counts(on_time)
         print(json.dumps({"first_run": first, "second_run": second, "windows": len(got)}))
         if got != want:
-            print(f"MISMATCH: {sorted((got - want).items())[:5]} / {sorted((want - got).items())[:5]}")
+            extra, missing = sorted((got - want).items()), sorted((want - got).items())
+            print(f"MISMATCH: counted but not published {extra[:5]}, not counted {missing[:5]}")
             return 1
         print(f"OK: {len(want)} windows, {sum(want.values())} clicks, each counted once")
         return 0
