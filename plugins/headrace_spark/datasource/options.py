@@ -59,6 +59,7 @@ SOURCE_OPTIONS = frozenset(
         "partitionbytes",
         "failondataloss",
         "fetchbatch",
+        "readmethod",
     }
 )
 SINK_OPTIONS = frozenset(
@@ -329,6 +330,7 @@ class SourceSpec:
     partition_bytes: int = 64 * 1024 * 1024
     fail_on_data_loss: bool = True
     fetch_batch: int = 10_000
+    read_method: str = "auto"
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, streaming: bool) -> SourceSpec:
@@ -348,6 +350,17 @@ class SourceSpec:
                 check_subject(subject, wildcards=True)
             except ValueError as exc:
                 raise JetStreamOptionError("subjects", str(exc)) from None
+        for i, one in enumerate(subjects):
+            for other in subjects[i + 1 :]:
+                if subjects_overlap(one, other):
+                    raise JetStreamOptionError(
+                        "subjects", f"{one!r} and {other!r} overlap: a message would be read twice"
+                    )
+        method = opts.get("readmethod", "auto").strip().lower()
+        if method not in ("auto", "direct", "consumer"):
+            raise JetStreamOptionError(
+                "readMethod", f"must be auto, direct or consumer, not {method!r}"
+            )
         default_start = "latest" if streaming else "earliest"
         starting = parse_position("startingOffsets", opts.get("startingoffsets", default_start))
         if "endingoffsets" in opts:
@@ -376,7 +389,19 @@ class SourceSpec:
             partition_bytes=_int(opts, "partitionBytes") or 64 * 1024 * 1024,
             fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
             fetch_batch=_int(opts, "fetchBatch") or 10_000,
+            read_method=method,
         )
+
+
+def subjects_overlap(one: str, other: str) -> bool:
+    """Whether some subject matches both filters (``*`` one token, ``>`` one or more)."""
+    a, b = one.split("."), other.split(".")
+    for x, y in zip(a, b, strict=False):
+        if x == ">" or y == ">":
+            return True
+        if x != y and x != "*" and y != "*":
+            return False
+    return len(a) == len(b)
 
 
 # -- the sink -------------------------------------------------------------------------------------

@@ -35,8 +35,8 @@ import datetime as dt
 import logging
 import queue
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import trio
@@ -50,7 +50,13 @@ from headrace_spark.datasource.offsets import SequenceRange
 from headrace_spark.datasource.options import SourceSpec
 from headrace_spark.errors import DataLost, JetStreamFormatError, SourceStreamRecreated
 
+if TYPE_CHECKING:
+    from headrace.jetstream import JetStream
+
 log = logging.getLogger("headrace_spark.datasource")
+
+#: What a read hands its Arrow batches to.
+Emit = Callable[[pa.RecordBatch], Awaitable[None]]
 
 #: The rows of the source, as Arrow (the Spark schema is ``datasource.schema.SOURCE_SCHEMA``).
 ARROW_SCHEMA = pa.schema(
@@ -290,11 +296,9 @@ def read_partition(spec: SourceSpec, part: SequenceRange) -> Iterator[pa.RecordB
         thread.join(timeout=30)
 
 
-async def read_range(spec: SourceSpec, part: SequenceRange, emit: Any) -> None:
+async def read_range(spec: SourceSpec, part: SequenceRange, emit: Emit) -> None:
     """Read ``part`` and hand its rows to ``emit`` (an async callable taking an Arrow batch)
     in chunks of at most ``spec.fetch_batch`` rows."""
-    from headrace.jetstream import MessageNotFound
-
     async with spec.connection.open() as (_nc, js):
         info = await js.stream_info(spec.stream)
         created = _iso(info.created)
@@ -317,41 +321,145 @@ async def read_range(spec: SourceSpec, part: SequenceRange, emit: Any) -> None:
         if first > part.last:
             return
         columns = _Columns(spec.stream)
-        for subject in spec.subjects or (None,):
-            position = first
-            behind = 0
-            while position <= part.last:
-                want = min(spec.fetch_batch, part.last - position + 1)
-                request = BatchGet(batch=want, subject=subject, seq=position)
-                reader = ColumnReader(spec.stream, columns, part.last)
-                got = await js.direct_get_many(spec.stream, request, reader=reader)
-                if got.last_seq:
-                    position = got.last_seq + 1
-                if len(columns) >= spec.fetch_batch:
-                    await emit(columns.take())
-                if got.last_seq and got.num_pending:
-                    continue  # a limit cut the answer: ask on from the last one
-                if position > part.last:
-                    break
-                # The answer ended short of the range: nothing more is stored there, or the
-                # replica that answered is behind the leader. Ask the leader.
-                try:
-                    nxt = await js.get_msg(spec.stream, position, next_by_subject=subject or ">")
-                except MessageNotFound:
-                    break
-                if nxt.seq > part.last:
-                    break
-                behind += 1
-                if behind > _BEHIND_TRIES:
-                    raise JetStreamFormatError(
-                        f"stream {spec.stream!r}: Direct Get answers stayed behind the stream "
-                        f"leader at sequence {nxt.seq} for {_BEHIND_TRIES} tries; is a replica "
-                        "stuck?"
-                    )
-                position = nxt.seq  # a replica behind: read on from what the leader has
-                await trio.sleep(0.01)
+        method = spec.read_method
+        if method == "auto":
+            method = "direct" if info.config.allow_direct else "consumer"
+        if method == "direct":
+            await _read_direct(js, spec, part, first, columns, emit)
+        else:
+            await _read_consumer(js, spec, part, first, columns, emit)
         if len(columns):
             await emit(columns.take())
+
+
+async def _read_direct(
+    js: JetStream,
+    spec: SourceSpec,
+    part: SequenceRange,
+    first: int,
+    columns: _Columns,
+    emit: Emit,
+) -> None:
+    """Read with batched Direct Gets, one subject filter after the other."""
+    from headrace.jetstream import MessageNotFound
+
+    for subject in spec.subjects or (None,):
+        position = first
+        behind = 0
+        while position <= part.last:
+            want = min(spec.fetch_batch, part.last - position + 1)
+            request = BatchGet(batch=want, subject=subject, seq=position)
+            reader = ColumnReader(spec.stream, columns, part.last)
+            got = await js.direct_get_many(spec.stream, request, reader=reader)
+            if got.last_seq:
+                position = got.last_seq + 1
+            if len(columns) >= spec.fetch_batch:
+                await emit(columns.take())
+            if got.last_seq and got.num_pending:
+                continue  # a limit cut the answer: ask on from the last one
+            if position > part.last:
+                break
+            # The answer ended short of the range: nothing more is stored there, or the
+            # replica that answered is behind the leader. Ask the leader.
+            try:
+                nxt = await js.get_msg(spec.stream, position, next_by_subject=subject or ">")
+            except MessageNotFound:
+                break
+            if nxt.seq > part.last:
+                break
+            behind += 1
+            if behind > _BEHIND_TRIES:
+                raise JetStreamFormatError(
+                    f"stream {spec.stream!r}: Direct Get answers stayed behind the stream "
+                    f"leader at sequence {nxt.seq} for {_BEHIND_TRIES} tries; is a replica "
+                    "stuck?"
+                )
+            position = nxt.seq  # a replica behind: read on from what the leader has
+            await trio.sleep(0.01)
+
+
+async def _next_on_leader(js: JetStream, spec: SourceSpec, position: int) -> int | None:
+    """The sequence of the first message at or after ``position`` that the filters match, as
+    the stream leader has it (``None``: none)."""
+    from headrace.jetstream import MessageNotFound
+
+    found = []
+    for subject in spec.subjects or (">",):
+        try:
+            found.append((await js.get_msg(spec.stream, position, next_by_subject=subject)).seq)
+        except MessageNotFound:
+            continue
+    return min(found) if found else None
+
+
+async def _read_consumer(
+    js: JetStream,
+    spec: SourceSpec,
+    part: SequenceRange,
+    first: int,
+    columns: _Columns,
+    emit: Emit,
+) -> None:
+    """Read with an ephemeral pull consumer (ack none, from ``first``, in memory, one replica):
+    for streams without Direct Get. The consumer is deleted at the end, and the server
+    removes it by itself after a minute if the task dies first."""
+    from headrace.jetstream import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    subjects = list(spec.subjects)
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=first,
+        ack_policy=AckPolicy.NONE,
+        filter_subjects=subjects if len(subjects) > 1 else None,
+        filter_subject=subjects[0] if len(subjects) == 1 else None,
+        mem_storage=True,
+        num_replicas=1,
+        inactive_threshold=60.0,
+    )
+    info = await js.create_consumer(spec.stream, config)
+    try:
+        consumer = await js.pull_consumer(spec.stream, info.name)
+        position = first
+        behind = 0
+        # Ask for no more than the consumer has pending: a pull for more would wait out its
+        # expiry for messages the filters do not match.
+        pending: int | None = info.num_pending
+        while position <= part.last:
+            want = min(spec.fetch_batch, part.last - position + 1, max(pending or 0, 1))
+            msgs = await consumer.fetch(want, expires=2.0) if pending != 0 else []
+            for msg in msgs:
+                meta = msg.metadata
+                if meta.stream_seq > part.last:
+                    position = part.last + 1
+                    break
+                columns.subjects.append(msg.subject)
+                columns.data.append(msg.data)
+                headers = msg.headers
+                columns.headers.append(list(headers.as_dict().items()) or None if headers else None)
+                columns.seqs.append(meta.stream_seq)
+                columns.times.append(meta.timestamp_ns // 1000)
+                position = meta.stream_seq + 1
+                pending = meta.num_pending
+            if len(columns) >= spec.fetch_batch:
+                await emit(columns.take())
+            if position > part.last or (msgs and pending):
+                continue
+            nxt = await _next_on_leader(js, spec, position)
+            if nxt is None or nxt > part.last:
+                break
+            pending = None  # the leader has more: the consumer will have it soon
+            behind += 1
+            if behind > _BEHIND_TRIES:
+                raise JetStreamFormatError(
+                    f"stream {spec.stream!r}: the consumer stayed behind the stream leader at "
+                    f"sequence {nxt} for {_BEHIND_TRIES} tries; is a replica stuck?"
+                )
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                await js.delete_consumer(spec.stream, info.name)
+            except Exception:  # the server removes it after inactive_threshold anyway
+                log.debug("could not delete consumer %s", info.name, exc_info=True)
 
 
 def _iso(created: dt.datetime | None) -> str:
