@@ -28,22 +28,32 @@ OFFSET_VERSION = 1
 
 class StreamOffset:
     """The last stream sequence a batch includes (0: none yet), in stream ``stream`` created at
-    ``created`` (ISO 8601, as :class:`headrace.commits.StreamIdentity` writes it)."""
+    ``created`` (ISO 8601, as :class:`headrace.commits.StreamIdentity` writes it).
 
-    __slots__ = ("created", "seq", "stream")
+    ``parts``: in a batch's end offset, how many partitions its range is cut into, fixed when
+    the batch is planned. A batch run again after a restart is cut the same way, so its rows
+    come in the same partitions and order (the jetstream sink's message ids name them), even
+    when the stream's average message size, which ``partitionBytes`` divides, changed since.
+    Absent from offsets written before it (those are planned as they were)."""
 
-    def __init__(self, stream: str, created: str, seq: int) -> None:
+    __slots__ = ("created", "parts", "seq", "stream")
+
+    def __init__(self, stream: str, created: str, seq: int, parts: int | None = None) -> None:
         self.stream = stream
         self.created = created
         self.seq = seq
+        self.parts = parts
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        value: dict[str, Any] = {
             "v": OFFSET_VERSION,
             "stream": self.stream,
             "created": self.created,
             "seq": self.seq,
         }
+        if self.parts is not None:
+            value["parts"] = self.parts
+        return value
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> StreamOffset:
@@ -54,7 +64,13 @@ class StreamOffset:
                     f"a jetstream offset of version {version} (this headrace_spark reads "
                     f"version {OFFSET_VERSION}): {value!r}"
                 )
-            return cls(str(value["stream"]), str(value["created"]), int(value["seq"]))
+            parts = value.get("parts")
+            return cls(
+                str(value["stream"]),
+                str(value["created"]),
+                int(value["seq"]),
+                None if parts is None else int(parts),
+            )
         except (KeyError, TypeError, ValueError, AttributeError):
             raise JetStreamFormatError(f"not a jetstream offset: {value!r}") from None
 

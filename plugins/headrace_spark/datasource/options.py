@@ -374,8 +374,8 @@ class SourceSpec:
         else:
             ending = Latest()
         if not streaming:
-            for name in ("maxmessagespertrigger", "maxbytespertrigger"):
-                if name in opts:
+            for name in ("maxMessagesPerTrigger", "maxBytesPerTrigger"):
+                if name.lower() in opts:
                     raise JetStreamOptionError(name, "is for streaming reads (spark.readStream)")
         return cls(
             connection=ConnectionSpec.from_options(options),

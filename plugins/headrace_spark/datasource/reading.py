@@ -51,7 +51,7 @@ from headrace_spark.datasource.options import SourceSpec
 from headrace_spark.errors import DataLost, JetStreamFormatError, SourceStreamRecreated
 
 if TYPE_CHECKING:
-    from headrace.jetstream import JetStream
+    from headrace.jetstream import JetStream, StreamInfo
 
 log = logging.getLogger("headrace_spark.datasource")
 
@@ -300,7 +300,7 @@ async def read_range(spec: SourceSpec, part: SequenceRange, emit: Emit) -> None:
     """Read ``part`` and hand its rows to ``emit`` (an async callable taking an Arrow batch)
     in chunks of at most ``spec.fetch_batch`` rows."""
     async with spec.connection.open() as (_nc, js):
-        info = await js.stream_info(spec.stream)
+        info = await stream_info(js, spec)
         created = _iso(info.created)
         if created != part.created:
             raise SourceStreamRecreated(spec.stream, part.created, created)
@@ -460,6 +460,19 @@ async def _read_consumer(
                 await js.delete_consumer(spec.stream, info.name)
             except Exception:  # the server removes it after inactive_threshold anyway
                 log.debug("could not delete consumer %s", info.name, exc_info=True)
+
+
+async def stream_info(js: JetStream, spec: SourceSpec) -> StreamInfo:
+    """The stream's info; a stream that does not exist is said in words naming it and where
+    it was looked for."""
+    from headrace.jetstream import StreamNotFound
+
+    try:
+        return await js.stream_info(spec.stream)
+    except StreamNotFound as exc:
+        raise JetStreamFormatError(
+            f"stream {spec.stream!r} does not exist on {spec.connection.where}"
+        ) from exc
 
 
 def _iso(created: dt.datetime | None) -> str:

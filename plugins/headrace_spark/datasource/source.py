@@ -41,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from headrace_spark.datasource.offsets import SequenceRange, StreamOffset, plan
+from headrace_spark.datasource.offsets import SequenceRange, StreamOffset, partition_count, plan
 from headrace_spark.datasource.options import (
     AtSequence,
     AtTime,
@@ -50,7 +50,7 @@ from headrace_spark.datasource.options import (
     Position,
     SourceSpec,
 )
-from headrace_spark.datasource.reading import _iso, read_partition
+from headrace_spark.datasource.reading import _iso, read_partition, stream_info
 from headrace_spark.errors import DataLost, JetStreamFormatError, SourceStreamRecreated
 
 log = logging.getLogger("headrace_spark.datasource")
@@ -72,7 +72,7 @@ class StreamState:
 
 async def _state(spec: SourceSpec) -> StreamState:
     async with spec.connection.open() as (_nc, js):
-        return StreamState(spec.stream, await js.stream_info(spec.stream))
+        return StreamState(spec.stream, await stream_info(js, spec))
 
 
 async def _first_at_or_after(spec: SourceSpec, position: Position, state: StreamState) -> int:
@@ -166,8 +166,15 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         _check_lost(self.spec, state, begin.seq + 1, end)
         if not isinstance(limit, ReadAllAvailable):
             end = self._capped(begin.seq, end, limit, state)
-        end = max(end, begin.seq)
-        return StreamOffset(self.spec.stream, state.created, end).to_dict()
+        if end <= begin.seq:
+            return start  # nothing new: the same offset, so Spark plans no batch
+        parts = partition_count(
+            end - begin.seq,
+            state.avg_bytes,
+            num_partitions=self.spec.num_partitions,
+            partition_bytes=self.spec.partition_bytes,
+        )
+        return StreamOffset(self.spec.stream, state.created, end, parts).to_dict()
 
     def _capped(self, start: int, end: int, limit: ReadLimit, state: StreamState) -> int:
         if isinstance(limit, ReadMinRows):
@@ -187,16 +194,21 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         begin, finish = StreamOffset.from_dict(start), StreamOffset.from_dict(end)
         if finish.seq <= begin.seq:
             return []
-        state = self._state if self._state is not None else self._fresh()
         if finish.created != begin.created:
             raise SourceStreamRecreated(self.spec.stream, begin.created, finish.created)
+        parts: int | None
+        if finish.parts is not None:  # cut as when the batch was planned (StreamOffset)
+            avg_bytes, parts = 1.0, finish.parts
+        else:  # an offset written before parts were recorded
+            state = self._state if self._state is not None else self._fresh()
+            avg_bytes, parts = state.avg_bytes, self.spec.num_partitions
         return plan(
             self.spec.stream,
             finish.created,
             begin.seq,
             finish.seq,
-            avg_message_bytes=state.avg_bytes,
-            num_partitions=self.spec.num_partitions,
+            avg_message_bytes=avg_bytes,
+            num_partitions=parts,
             partition_bytes=self.spec.partition_bytes,
         )
 

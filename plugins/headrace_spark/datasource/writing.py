@@ -183,8 +183,11 @@ async def publish_rows(
     ``<prefix>:<id value>``), at most ``spec.max_in_flight`` PubAcks outstanding; raises
     :class:`PublishFailed` unless every one confirmed its message."""
     async with spec.connection.open() as (nc, _js):
+        # One reply subject per row under one wildcard subscription: a refusal without a body
+        # (no responders) names only its reply subject, which says whose row it was.
         inbox = nc.new_inbox()
-        acks = await nc.subscribe(inbox)
+        acks = await nc.subscribe(f"{inbox}.*")
+        waiting: dict[str, str] = {}  # reply subject -> the subject its row went to
         sent = answered = duplicates = refused = 0
         first_refusal: str | None = None
 
@@ -200,11 +203,12 @@ async def publish_rows(
                 )
             answered += len(batch)
             for msg in batch:
+                subject = waiting.pop(msg.subject, None)
                 data = msg.data
                 if msg.status is not None or b'"error"' in data:
                     refused += 1
                     if first_refusal is None:
-                        first_refusal = _refusal(msg)
+                        first_refusal = _refusal(msg, subject)
                 elif b'"duplicate":true' in data:
                     duplicates += 1
 
@@ -214,7 +218,9 @@ async def publish_rows(
             headers[MSG_ID] = (
                 f"{prefix}:{ident}" if spec.msg_id_column else f"{prefix}:{partition}:{row}"
             )
-            await nc.publish(subject, data, reply=inbox, headers=headers)
+            reply = f"{inbox}.{row}"
+            waiting[reply] = subject
+            await nc.publish(subject, data, reply=reply, headers=headers)
             sent += 1
             while sent - answered >= spec.max_in_flight:
                 await collect()
@@ -228,9 +234,9 @@ async def publish_rows(
     return Published(partition, sent, duplicates)
 
 
-def _refusal(msg: Any) -> str:
+def _refusal(msg: Any, subject: str | None) -> str:
     if msg.status == 503:
-        return f"no stream captures subject {msg.subject!r} (no responders)"
+        return f"no stream captures subject {subject!r} (no responders)"
     if msg.status is not None:
         return f"status {msg.status} {msg.description or ''}".strip()
     try:
