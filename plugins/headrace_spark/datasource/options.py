@@ -36,6 +36,7 @@ CONNECTION_OPTIONS = frozenset(
         "password",
         "token",
         "nkey",
+        "nkeysecret",
         "creds",
         "tls.ca",
         "tls.cert",
@@ -143,6 +144,22 @@ def redact_url(url: str) -> str:
     return _USERINFO.sub(f"//{_SECRET}@", url)
 
 
+def _nkey(opts: Mapping[str, str]) -> str | None:
+    """The NKey seed: inline under ``nkeySecret`` (a name Spark redacts in plans and its UI),
+    or a file under ``nkey``. A seed given inline under ``nkey`` is refused: Spark would show
+    it in the query plan."""
+    path, seed = opts.get("nkey") or None, opts.get("nkeysecret") or None
+    if path is not None and seed is not None:
+        raise JetStreamOptionError("nkey", "give nkey (a seed file) or nkeySecret, not both")
+    if path is not None and path.strip().startswith("SU") and "/" not in path:
+        raise JetStreamOptionError(
+            "nkey",
+            "takes the path of a seed file; an inline seed goes in nkeySecret, which Spark "
+            "hides in query plans (it would show this one)",
+        )
+    return seed or path
+
+
 # -- the connection -------------------------------------------------------------------------------
 
 
@@ -150,7 +167,8 @@ def redact_url(url: str) -> str:
 class ConnectionSpec:
     """How the driver and each task connect: headrace's ``connect()`` options as Spark options.
 
-    ``nkey`` is a seed or the path of a file holding one, ``creds`` the path of a ``.creds``
+    ``nkey`` is the seed (the option ``nkeySecret``, which Spark's redaction hides) or the path
+    of a file holding one (the option ``nkey``), ``creds`` the path of a ``.creds``
     file; the TLS files are paths that must exist where the task runs (every executor).
     """
 
@@ -189,7 +207,7 @@ class ConnectionSpec:
             user=opts.get("user") or None,
             password=opts.get("password") or None,
             token=opts.get("token") or None,
-            nkey=opts.get("nkey") or None,
+            nkey=_nkey(opts),
             creds=opts.get("creds") or None,
             tls_ca=opts.get("tls.ca") or None,
             tls_cert=opts.get("tls.cert") or None,
