@@ -43,6 +43,9 @@ docs: $(STAMP)
 ## Same-run comparisons with the peers (bench/README.md). The consume benchmark's --anchors
 ## builds libnats (apt-get install libnats-dev) and installs nats.js (npm) as `make anchors` does;
 ## headrace and the anchors pull the same window, at the ADR-37 default (1000) and at 10000.
+## `bench spark` reads the stream through the jetstream Spark data source (streaming and
+## batch) against the pipeline into SparkSink; `bench range-read` compares a source task's
+## batched Direct Gets with consumers (no Spark).
 bench: $(STAMP)
 	$(BIN)/headrace bench core
 	$(BIN)/headrace bench consume --anchors --buffer 1000
@@ -50,6 +53,8 @@ bench: $(STAMP)
 	$(BIN)/headrace bench pipeline
 	$(BIN)/headrace bench e2e
 	$(BIN)/headrace bench scale
+	$(BIN)/headrace bench spark
+	$(BIN)/headrace bench range-read
 
 ## The peers' own figures on this machine (nats-py, nats.js, libnats), for context.
 anchors: $(STAMP)

@@ -25,7 +25,16 @@ def add_parser(commands: Any) -> None:
     )
     bench.add_argument(
         "what",
-        choices=["core", "consume", "pipeline", "e2e", "checkpoints", "scale"],
+        choices=[
+            "core",
+            "consume",
+            "pipeline",
+            "e2e",
+            "checkpoints",
+            "scale",
+            "spark",
+            "range-read",
+        ],
         help=(
             "core: core NATS subscriber throughput vs nats-py; consume: JetStream consume "
             "throughput (ack none and ack every message) vs nats-py fetch; pipeline: a "
@@ -35,14 +44,22 @@ def add_parser(commands: Any) -> None:
             "events/s through checkpointed subscriptions over 200 entities with a 1 ms handler "
             "vs a serial nats-py loop (--messages: use 10000 or so); scale: N worker processes "
             "sharing one consumer and one Spark output (Arrow writer, shared commits) vs one "
-            "process with the local ledger (needs the spark extra, not Java)"
+            "process with the local ledger (needs the spark extra, not Java); spark: JetStream "
+            "into parquet through Spark's engine (the jetstream data source: a streaming query "
+            "per --partitions value and a batch read) vs the pipeline into SparkSink and the "
+            "nats-py + PySpark loop (needs the spark extra and Java); range-read: one range of "
+            "a stream read as a jetstream source task reads it (batched Direct Get) vs an "
+            "ordered consumer and an ephemeral ack-none pull consumer (needs the spark extra)"
         ),
     )
     bench.add_argument(
-        "--messages", type=int, default=None, help="default: 200000 (checkpoints: 10000)"
+        "--messages",
+        type=int,
+        default=None,
+        help="default: 200000 (checkpoints: 10000; spark and range-read: 300000)",
     )
     bench.add_argument(
-        "--payload", type=int, default=None, help="bytes per message (128; not for e2e)"
+        "--payload", type=int, default=None, help="bytes per message (128; not for e2e, scale)"
     )
     bench.add_argument(
         "--entities",
@@ -71,8 +88,9 @@ def add_parser(commands: Any) -> None:
         type=int,
         default=None,
         help=(
-            "consume, pipeline, e2e and scale: headrace's consume max_messages (defaults "
-            "10000 and the pipeline benchmark's own; see bench/README.md)"
+            "consume, pipeline, e2e, scale and spark: headrace's consume max_messages (defaults "
+            "10000 and the pipeline benchmark's own; see bench/README.md); range-read: the "
+            "messages per Direct Get batch and the pull consumer's buffer (10000)"
         ),
     )
     bench.add_argument(
@@ -89,8 +107,8 @@ def add_parser(commands: Any) -> None:
         type=int,
         default=None,
         help=(
-            "e2e and scale: records per batch, every implementation (defaults: e2e 100000, "
-            "scale 10000)"
+            "e2e, scale and spark: records per batch, every implementation (defaults: e2e and "
+            "spark 100000, scale 10000; spark: the sparksink and naive lines)"
         ),
     )
     bench.add_argument(
@@ -99,6 +117,16 @@ def add_parser(commands: Any) -> None:
         default=None,
         metavar="N,N,...",
         help="scale only: the worker counts to measure, comma-separated (default: 1,2,4)",
+    )
+    bench.add_argument(
+        "--partitions",
+        type=_partition_counts,
+        default=None,
+        metavar="N,N,...",
+        help=(
+            "spark only: the streaming source's numPartitions, one line each, comma-separated "
+            "(default: 1,2,4; the batch read runs at the source's default and at 2)"
+        ),
     )
     bench.add_argument(
         "--spark-master",
@@ -113,18 +141,23 @@ def _bench(args: argparse.Namespace) -> int:
     from headrace.localserver import LocalServerError
 
     if args.messages is None:
-        args.messages = 10_000 if args.what == "checkpoints" else 200_000
+        args.messages = {"checkpoints": 10_000, "spark": 300_000, "range-read": 300_000}.get(
+            args.what, 200_000
+        )
     if args.anchors and args.what != "consume":
         print("headrace bench: --anchors applies to `bench consume` only", file=sys.stderr)
         return 2
     if args.anchor_window is not None and not args.anchors:
         print("headrace bench: --anchor-window needs --anchors", file=sys.stderr)
         return 2
-    if args.what not in ("e2e", "scale") and args.batch is not None:
+    if args.what not in ("e2e", "scale", "spark") and args.batch is not None:
         print(
-            "headrace bench: --batch applies to `bench e2e` and `bench scale` only",
+            "headrace bench: --batch applies to `bench e2e`, `bench scale` and `bench spark` only",
             file=sys.stderr,
         )
+        return 2
+    if args.what != "spark" and args.partitions is not None:
+        print("headrace bench: --partitions applies to `bench spark` only", file=sys.stderr)
         return 2
     if args.what != "e2e" and args.spark_master is not None:
         print("headrace bench: --spark-master applies to `bench e2e` only", file=sys.stderr)
@@ -136,6 +169,10 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_e2e(args)
     if args.what == "scale":
         return _bench_scale(args)
+    if args.what == "spark":
+        return _bench_spark(args)
+    if args.what == "range-read":
+        return _bench_range_read(args)
     if args.payload is None:
         args.payload = 128
     if args.what == "core":
@@ -246,6 +283,59 @@ def _bench_scale(args: argparse.Namespace) -> int:
     if any(not r.get("verified") for r in results):
         return 1  # every implementation is headrace's: a failed check leaves no figure to trust
     return 0
+
+
+def _bench_spark(args: argparse.Namespace) -> int:
+    from headrace.localserver import LocalServerError
+
+    from headrace_bench import consume
+    from headrace_bench import spark as spark_bench
+
+    try:
+        results = spark_bench.run(
+            args.messages,
+            payload=args.payload or spark_bench.PAYLOAD,
+            partitions=args.partitions or spark_bench.PARTITIONS,
+            batch=args.batch or spark_bench.BATCH,
+            buffer=args.buffer or spark_bench.BUFFER,
+            as_json=args.json,
+        )
+    except (LocalServerError, consume.BenchmarkError) as exc:
+        print(f"headrace bench: {exc}", file=sys.stderr)
+        return 2
+    if any(not r.get("verified") for r in results):
+        return 1  # a line wrote other than every message once: no figure to trust
+    return 0
+
+
+def _bench_range_read(args: argparse.Namespace) -> int:
+    from headrace.localserver import LocalServerError
+
+    from headrace_bench import consume, range_read
+
+    try:
+        results = range_read.run(
+            args.messages,
+            args.payload or range_read.PAYLOAD,
+            fetch=args.buffer or range_read.FETCH,
+            as_json=args.json,
+        )
+    except (LocalServerError, consume.BenchmarkError) as exc:
+        print(f"headrace bench: {exc}", file=sys.stderr)
+        return 2
+    if any("error" in r for r in results):
+        return 1
+    return 0
+
+
+def _partition_counts(text: str) -> tuple[int, ...]:
+    """``--partitions 1,2,4`` (bench spark); imported only when the option is given."""
+    from headrace_bench.spark import parse_partitions
+
+    try:
+        return parse_partitions(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _worker_counts(text: str) -> tuple[int, ...]:

@@ -41,7 +41,10 @@ def test_bench_e2e_parses() -> None:
 @pytest.mark.parametrize(
     ("argv", "complaint"),
     [
-        (["core", "--batch", "10"], "applies to `bench e2e` and `bench scale` only"),
+        (["core", "--batch", "10"], "applies to `bench e2e`, `bench scale` and `bench spark` only"),
+        (["e2e", "--partitions", "2"], "--partitions applies to `bench spark` only"),
+        (["spark", "--partitions", "0"], "at least 1"),
+        (["spark", "--partitions", "x"], "numbers separated by commas"),
         (["pipeline", "--spark-master", "local[1]"], "applies to `bench e2e` only"),
         (["e2e", "--payload", "512"], "--payload does not apply"),
     ],
@@ -50,6 +53,15 @@ def test_bench_refuses_options_of_other_benchmarks(argv: list[str], complaint: s
     done = _run(*argv)
     assert done.returncode == 2
     assert complaint in done.stderr
+
+
+def test_bench_spark_parses() -> None:
+    args = build_parser().parse_args(
+        ["bench", "spark", "--messages", "3000", "--partitions", "4,1", "--batch", "1000"]
+    )
+    assert (args.what, args.messages, args.partitions, args.batch) == ("spark", 3000, (4, 1), 1000)
+    args = build_parser().parse_args(["bench", "range-read", "--json"])
+    assert (args.what, args.messages, args.json) == ("range-read", None, True)  # 300000 later
 
 
 def test_missing_pyspark_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
