@@ -26,8 +26,9 @@ The rules, in one place:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import trio
@@ -54,6 +55,51 @@ from headrace_spark.datasource.reading import _iso, read_partition, stream_info
 from headrace_spark.errors import DataLost, JetStreamFormatError, SourceStreamRecreated
 
 log = logging.getLogger("headrace_spark.datasource")
+
+#: How long planning keeps trying to reach the stream through a transient failure (a stream
+#: leader election, a server restarting) before the trigger fails: a failed trigger fails the
+#: whole query, where a task's failure is retried by Spark.
+PLANNING_PATIENCE = 30.0
+
+T = TypeVar("T")
+
+
+def _transient() -> tuple[type[BaseException], ...]:
+    from headrace.errors import (
+        ConnectionClosedError,
+        ConnectionLostError,
+        NoRespondersError,
+        NoServersError,
+        RequestTimeout,
+    )
+    from headrace.jetstream import JetStreamUnavailable
+
+    return (
+        ConnectionClosedError,
+        ConnectionLostError,
+        NoRespondersError,
+        NoServersError,
+        RequestTimeout,
+        JetStreamUnavailable,
+    )
+
+
+def on_driver(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``trio.run(fn, *args)``, run again after a transient failure (with a backoff of 0.25 s
+    doubling to 4 s) for up to :data:`PLANNING_PATIENCE` seconds. Wrong credentials, a missing
+    stream, data lost: raised at once."""
+    transient = _transient()
+    deadline = time.monotonic() + PLANNING_PATIENCE
+    delay = 0.25
+    while True:
+        try:
+            return trio.run(fn, *args)
+        except transient as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("jetstream: %s: %s; trying again in %.2fs", type(exc).__name__, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
 
 
 class StreamState:
@@ -131,7 +177,7 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._state: StreamState | None = None
 
     def _fresh(self) -> StreamState:
-        self._state = trio.run(_state, self.spec)
+        self._state = on_driver(_state, self.spec)
         return self._state
 
     def _same_stream(self, offset: StreamOffset, state: StreamState) -> None:
@@ -145,7 +191,7 @@ class JetStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def initialOffset(self) -> dict[str, Any]:
         state = self._fresh()
-        first = trio.run(_first_at_or_after, self.spec, self.spec.starting, state)
+        first = on_driver(_first_at_or_after, self.spec, self.spec.starting, state)
         return StreamOffset(self.spec.stream, state.created, first - 1).to_dict()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -234,7 +280,7 @@ class JetStreamBatchReader(DataSourceReader):
         self.spec = spec
 
     def partitions(self) -> Sequence[InputPartition]:
-        return trio.run(self._plan)
+        return on_driver(self._plan)
 
     async def _plan(self) -> list[SequenceRange]:
         spec = self.spec
