@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml plugins/headrace_spark/pyproject.toml bench/pyproject.t
 demo: $(STAMP)
 	$(BIN)/headrace demo
 
-## The whole test suite: real nats-server processes, fuzzing, slow tests included.
+## The whole test suite: real nats-server processes, fuzzing, slow tests included. A failed
+## test runs once more; one that passes then is listed under FLAKES (tests/conftest.py).
 test: $(STAMP)
-	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest --reruns 1
 
 ## The fast set, for the edit-test loop (under a minute).
 fast: $(STAMP)

@@ -92,10 +92,28 @@ def tls_files() -> Iterator[TLSFiles]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Spark tests share one JVM (one SparkSession per test session, tests/spark/conftest.py):
-    under xdist they all go to one worker (``--dist loadgroup``), the others spread as usual.
+    under xdist they all go to one worker (``--dist loadgroup``). Those marked
+    ``spark_children`` run Spark only in child processes of their own (faults, clusters, the
+    benchmarks) and form a second group, one at a time beside the first: two JVM-heavy chains
+    at most, where one chain of both was the whole suite's last quarter of an hour. The other
+    tests spread as usual.
     ``tryfirst``: xdist's worker reads the group marks in its own hook of this name, which
     pluggy would otherwise call before this one (the marks came too late, and the Spark tests
     were spread over every worker, a JVM each)."""
     for item in items:
         if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            apart = item.get_closest_marker("spark_children") is not None
+            group = "spark-children" if apart else "spark"
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Every test that failed and was run again (``--reruns``, as ``make test`` and CI do) under
+    one heading, whatever its second run gave: a flake is investigated like a failure."""
+    reruns = terminalreporter.stats.get("rerun", [])
+    if not reruns:
+        return
+    terminalreporter.section("FLAKES")
+    for report in reruns:
+        reason = str(report.longrepr).strip().splitlines()[-1:] if report.longrepr else [""]
+        terminalreporter.line(f"{report.nodeid}: failed, run again ({reason[0][:200]})")

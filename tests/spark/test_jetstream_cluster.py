@@ -31,7 +31,7 @@ from test_spark_standalone import (  # noqa: F401 (cluster: that module's fixtur
     log_text,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.spark_children]
 
 #: Messages per burst, and the bursts, 0.6 s apart: the 500 ms windows see several of them.
 BURST = 1000

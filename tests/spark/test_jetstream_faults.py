@@ -38,7 +38,7 @@ import trio
 from natspy_peer import NatsPyPeer, once_placed_natspy
 from spark_procs import Child, child
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.spark_children]
 
 #: How long a child's query may take (a loaded 2-core machine, a JVM starting).
 QUERY_TIMEOUT = 150
