@@ -208,8 +208,11 @@ async def test_two_workers_commit_the_same_redelivered_batch_at_once(
         state = await finish(natspy, spark, workers, out, n)
     reports = workers.sink_reports()
     assert len(reports) == 2 and len(waiting) == 2, (reports, waiting)
-    # Both staged the same orders; one commit won them, the other found them committed.
-    assert sum(r["overlaps"] for r in reports) == 1, reports
+    # Both staged the same orders; one commit won them, the other found them committed (at
+    # least once: on a loaded machine the loser's messages can pass their ack wait again
+    # before "go", come back once more and overlap a second time; the output is exact either
+    # way, which finish() checks).
+    assert sum(r["overlaps"] for r in reports) >= 1, reports
     assert state["commits"] == sum(r["commits"] for r in reports), (state, reports)
 
 
