@@ -304,20 +304,7 @@ async def read_range(spec: SourceSpec, part: SequenceRange, emit: Emit) -> None:
         created = _iso(info.created)
         if created != part.created:
             raise SourceStreamRecreated(spec.stream, part.created, created)
-        first = part.first
-        if info.state.first_seq > first:
-            gone_to = min(part.last, info.state.first_seq - 1)
-            if spec.fail_on_data_loss:
-                raise DataLost(spec.stream, first, gone_to)
-            log.warning(
-                "stream %r: skipped sequences %d-%d (%d messages), removed before they were "
-                "read (failOnDataLoss=false)",
-                spec.stream,
-                first,
-                gone_to,
-                gone_to - first + 1,
-            )
-            first = gone_to + 1
+        first = skip_lost(spec, info.state.first_seq, part.first, part.last)
         if first > part.last:
             return
         columns = _Columns(spec.stream)
@@ -330,6 +317,38 @@ async def read_range(spec: SourceSpec, part: SequenceRange, emit: Emit) -> None:
             await _read_consumer(js, spec, part, first, columns, emit)
         if len(columns):
             await emit(columns.take())
+
+
+def skip_lost(spec: SourceSpec, first_stored: int, first: int, last: int) -> int:
+    """The first sequence of ``first``..``last`` left to read, when the stream's first stored
+    message is ``first_stored``: what fell below it was removed before it was read, which
+    fails the read (:class:`DataLost`) or, with ``failOnDataLoss=false``, is skipped with a
+    warning naming the range and the count. The driver and each task check alike."""
+    if first_stored <= first or first > last:
+        return first
+    gone_to = min(last, first_stored - 1)
+    if spec.fail_on_data_loss:
+        raise DataLost(spec.stream, first, gone_to)
+    log.warning(
+        "stream %r: sequences %d-%d (%d messages) were removed before the query read them; "
+        "skipped (failOnDataLoss=false)",
+        spec.stream,
+        first,
+        gone_to,
+        gone_to - first + 1,
+    )
+    return gone_to + 1
+
+
+def _still_behind(spec: SourceSpec, behind: int, seq: int) -> int:
+    """Count one more answer behind the leader at ``seq``; fail past :data:`_BEHIND_TRIES`."""
+    behind += 1
+    if behind > _BEHIND_TRIES:
+        raise JetStreamFormatError(
+            f"stream {spec.stream!r}: the answers stayed behind the stream leader at sequence "
+            f"{seq} for {_BEHIND_TRIES} tries; is a replica stuck?"
+        )
+    return behind
 
 
 async def _read_direct(
@@ -367,13 +386,7 @@ async def _read_direct(
                 break
             if nxt.seq > part.last:
                 break
-            behind += 1
-            if behind > _BEHIND_TRIES:
-                raise JetStreamFormatError(
-                    f"stream {spec.stream!r}: Direct Get answers stayed behind the stream "
-                    f"leader at sequence {nxt.seq} for {_BEHIND_TRIES} tries; is a replica "
-                    "stuck?"
-                )
+            behind = _still_behind(spec, behind, nxt.seq)
             position = nxt.seq  # a replica behind: read on from what the leader has
             await trio.sleep(0.01)
 
@@ -448,12 +461,7 @@ async def _read_consumer(
             if nxt is None or nxt > part.last:
                 break
             pending = None  # the leader has more: the consumer will have it soon
-            behind += 1
-            if behind > _BEHIND_TRIES:
-                raise JetStreamFormatError(
-                    f"stream {spec.stream!r}: the consumer stayed behind the stream leader at "
-                    f"sequence {nxt} for {_BEHIND_TRIES} tries; is a replica stuck?"
-                )
+            behind = _still_behind(spec, behind, nxt)
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:

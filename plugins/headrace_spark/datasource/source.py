@@ -51,8 +51,8 @@ from headrace_spark.datasource.options import (
     Position,
     SourceSpec,
 )
-from headrace_spark.datasource.reading import _iso, read_partition, stream_info
-from headrace_spark.errors import DataLost, JetStreamFormatError, SourceStreamRecreated
+from headrace_spark.datasource.reading import _iso, read_partition, skip_lost, stream_info
+from headrace_spark.errors import JetStreamFormatError, SourceStreamRecreated
 
 log = logging.getLogger("headrace_spark.datasource")
 
@@ -138,19 +138,7 @@ async def _first_at_or_after(spec: SourceSpec, position: Position, state: Stream
 
 def _check_lost(spec: SourceSpec, state: StreamState, next_seq: int, end: int) -> None:
     """Fail (or warn) when sequences from ``next_seq`` on were removed before being read."""
-    if state.first_seq <= next_seq or next_seq > end:
-        return
-    gone_to = min(end, state.first_seq - 1)
-    if spec.fail_on_data_loss:
-        raise DataLost(spec.stream, next_seq, gone_to)
-    log.warning(
-        "stream %r: sequences %d-%d (%d messages) were removed before the query read them; "
-        "skipped (failOnDataLoss=false)",
-        spec.stream,
-        next_seq,
-        gone_to,
-        gone_to - next_seq + 1,
-    )
+    skip_lost(spec, state.first_seq, next_seq, end)
 
 
 def _partitions(spec: SourceSpec, state: StreamState, start: int, end: int) -> list[SequenceRange]:
