@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test fast lint typecheck docs bench anchors clean
 
 $(STAMP): pyproject.toml plugins/headrace_spark/pyproject.toml bench/pyproject.toml \
-		framework/headrace/protocol/_speedups.c
+		framework/headrace/protocol/_speedups.c framework/headrace/jetstream/_direct_tail.c
 	@scripts/check-prereqs $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark]' -e plugins/headrace_spark -e bench
