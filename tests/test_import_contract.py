@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "jetstream": 3,
     "commits": 4,
     "checkpoints": 4,  # on jetstream, beside commits
+    "state": 4,  # keyed state, windows and their snapshots: on jetstream, beside commits
     "sinks": 5,
     "pipeline": 6,  # sinks import pipeline types under TYPE_CHECKING only
     "shutdown": 7,  # runs pipelines

@@ -151,6 +151,15 @@ if TYPE_CHECKING:
         SinkError,
         StdoutSink,
     )
+    from headrace.state import (
+        LateRecord,
+        SessionWindow,
+        SlidingWindow,
+        StateError,
+        TumblingWindow,
+        WindowResult,
+        count,
+    )
 
 #: Loaded on first use (importing the pipeline runtime costs about 30 ms).
 _LAZY: dict[str, str] = {
@@ -174,6 +183,13 @@ _LAZY: dict[str, str] = {
     "SinkError": "headrace.sinks",
     "StdoutSink": "headrace.sinks",
     "CheckpointError": "headrace.checkpoints",
+    "LateRecord": "headrace.state",
+    "SessionWindow": "headrace.state",
+    "SlidingWindow": "headrace.state",
+    "StateError": "headrace.state",
+    "TumblingWindow": "headrace.state",
+    "WindowResult": "headrace.state",
+    "count": "headrace.state",
 }
 
 #: Exported here before issue 12; now only from their sub-package (deprecated here).
@@ -314,6 +330,7 @@ __all__ = [
     "KeyExists",
     "KeyNotFound",
     "KeyValueError",
+    "LateRecord",
     "MalformedHeaderWarning",
     "MaxPayloadExceeded",
     "MemorySink",
@@ -341,13 +358,16 @@ __all__ = [
     "RecordsRejected",
     "RequestTimeout",
     "ServerError",
+    "SessionWindow",
     "Shutdown",
     "Sink",
     "SinkContext",
     "SinkError",
     "SinkOutage",
     "SinkRetry",
+    "SlidingWindow",
     "StaleConnectionError",
+    "StateError",
     "StdoutSink",
     "StopReason",
     "StreamAlreadyExists",
@@ -359,10 +379,13 @@ __all__ = [
     "SubscribeError",
     "SubscriptionClosedError",
     "TLSError",
+    "TumblingWindow",
+    "WindowResult",
     "WrongLastMsgId",
     "WrongLastSequence",
     "WrongRevision",
     "__version__",
     "connect",
+    "count",
     "run_until_signal",
 ]

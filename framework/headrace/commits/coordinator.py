@@ -41,7 +41,6 @@ from headrace.commits.seqset import SeqSet
 from headrace.commits.state import CommitOutcome, CommitState, Committed, Overlap
 from headrace.jetstream.context import JetStream
 from headrace.jetstream.kv import (
-    BucketExists,
     BucketNotFound,
     KeyExists,
     KeyNotFound,
@@ -49,8 +48,7 @@ from headrace.jetstream.kv import (
     KeyValueConfig,
     Operation,
     WrongRevision,
-    create_key_value,
-    key_value,
+    leader_bucket,
 )
 from headrace.jetstream.transient import is_transient, retry_transient
 
@@ -343,23 +341,15 @@ class CommitCoordinator:
 
 
 async def _bucket(js: JetStream, bucket: str, replicas: int, create: bool) -> KeyValue:
+    config = KeyValueConfig(
+        bucket=bucket,
+        description="headrace: commit state of the outputs of pipelines",
+        history=HISTORY,
+        replicas=replicas,
+    )
     try:
-        found = await key_value(js, bucket)
+        return await leader_bucket(js, config, create=create)
     except BucketNotFound:
-        if not create:
-            raise CommitStateMissing(
-                f"the commit bucket {bucket!r} does not exist in this NATS system"
-            ) from None
-        config = KeyValueConfig(
-            bucket=bucket,
-            description="headrace: commit state of the outputs of pipelines",
-            history=HISTORY,
-            replicas=replicas,
-        )
-        try:
-            found = await create_key_value(js, config)
-        except BucketExists:
-            found = await key_value(js, bucket)  # made meanwhile by another worker
-    # Leader reads: a replica's stale answer would only make a compare-and-set fail, but in a
-    # loop of them a lagging replica could hold a commit up.
-    return KeyValue(js, found.bucket, direct=False)
+        raise CommitStateMissing(
+            f"the commit bucket {bucket!r} does not exist in this NATS system"
+        ) from None

@@ -541,6 +541,24 @@ async def key_value(js: JetStream, bucket: str) -> KeyValue:
     )
 
 
+async def leader_bucket(js: JetStream, config: KeyValueConfig, *, create: bool) -> KeyValue:
+    """The bucket ``config.bucket``, made from ``config`` if it is missing and ``create``
+    (another process making it meanwhile is fine), else :class:`BucketNotFound`; a handle
+    that reads from the stream leader. For state changed by compare-and-set (the commit state,
+    operator snapshots): a replica's stale answer would only make a compare-and-set fail, but
+    in a loop of them a lagging replica could hold a change up."""
+    try:
+        found = await key_value(js, config.bucket)
+    except BucketNotFound:
+        if not create:
+            raise
+        try:
+            found = await create_key_value(js, config)
+        except BucketExists:
+            found = await key_value(js, config.bucket)
+    return KeyValue(js, found.bucket, direct=False)
+
+
 async def delete_key_value(js: JetStream, bucket: str) -> None:
     """Delete the bucket and everything in it; :class:`BucketNotFound` if there is none."""
     check_bucket_name(bucket)

@@ -29,12 +29,14 @@ from headrace.pipeline.caught_up import CatchUpMark, CatchUpTimeout, NotCaughtUp
 from headrace.pipeline.errors import PipelineEnded
 from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
 from headrace.pipeline.graph import Node, Pipeline, PipelineError, run_until_caught_up
+from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
 from headrace.pipeline.sink import Sink, SinkContext, SinkRunner
 from headrace.pipeline.sink_retry import SinkOutage, SinkRetry
 from headrace.pipeline.source import JetStreamSource
+from headrace.pipeline.stateful import StateStats
 from headrace.pipeline.stats import PipelineStats
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "Delivery",
     "GcSettings",
     "JetStreamSource",
+    "KeyedStream",
     "Node",
     "NotCaughtUp",
     "Pipeline",
@@ -62,6 +65,8 @@ __all__ = [
     "SinkRetry",
     "SinkRunner",
     "StageError",
+    "StateSpec",
+    "StateStats",
     "restore_gc",
     "run_until_caught_up",
     "tune_gc",

@@ -40,7 +40,7 @@ from headrace.jetstream.errors import JetStreamError, StreamLookupError
 from headrace.jetstream.message import JsMsg, ack_all
 from headrace.jetstream.transient import retry_transient
 from headrace.pipeline.errors import PipelineError
-from headrace.pipeline.record import Delivery, Record
+from headrace.pipeline.record import Delivery, Record, ResultDelivery
 from headrace.pipeline.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -207,7 +207,11 @@ class AckTracker(Actor[_Poison | _Wake]):
             delivery.pending -= 1
             if delivery.pending <= 0 and not delivery.done:
                 delivery.done = True
-                delivery.group.leave()
+                group = delivery.group
+                if group is None:  # a stateful operator's result: no message to ack
+                    self._result_settled(delivery, committed=True)
+                    continue
+                group.leave()
                 ready.append(delivery.msg)
                 in_flight[delivery.source] -= 1
         if ready:
@@ -218,6 +222,11 @@ class AckTracker(Actor[_Poison | _Wake]):
             self._touch()
             if self._room:
                 self._room.unpark_all()
+
+    @staticmethod
+    def _result_settled(delivery: Delivery, *, committed: bool) -> None:
+        if isinstance(delivery, ResultDelivery):
+            delivery.owner.result_settled(delivery.result_seq, committed=committed)
 
     def _forget_settled(self) -> None:
         groups = self._groups
@@ -247,6 +256,12 @@ class AckTracker(Actor[_Poison | _Wake]):
                 continue
             delivery.failed = True
             delivery.done = True
+            if delivery.group is None:
+                # A result failed in a sink: it cannot come again by a nak. Its copy goes to
+                # the dead letter (poison at once), and its operator forgets it.
+                self._result_settled(delivery, committed=False)
+                poison_now.append(delivery)
+                continue
             delivery.group.leave()
             self.stats.ack_pending -= 1
             self.in_flight[delivery.source] -= 1

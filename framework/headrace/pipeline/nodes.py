@@ -20,10 +20,12 @@ from headrace.commits.coordinator import DEFAULT_BUCKET
 from headrace.jetstream.kv import check_bucket_name
 from headrace.pipeline.batch import BatchPolicy
 from headrace.pipeline.errors import PipelineError
+from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.sink_retry import SinkRetry
 from headrace.pipeline.source import JetStreamSource
+from headrace.state.snapshots import DEFAULT_STATE_BUCKET
 
-Kind = Literal["source", "map", "filter", "flat_map", "merge", "sink"]
+Kind = Literal["source", "map", "filter", "flat_map", "merge", "stateful", "sink"]
 Ordering = Literal["all", "subject", "none"]
 OPERATORS = ("map", "filter", "flat_map")
 
@@ -45,6 +47,8 @@ class Node:
     ordered: Ordering = "all"
     record: bool = False
     on_error: Literal["nak", "crash"] = "nak"
+    #: stateful operators (``key_by(...).window(...)`` and the like: pipeline/keyed.py)
+    state: StateSpec | None = None
     #: sinks
     sink_obj: Any = None
     batch: BatchPolicy = attrs.field(factory=BatchPolicy)
@@ -133,6 +137,14 @@ class Node:
             restart=restart or Escalate(),
         )
 
+    def key_by(self, key: Callable[[Any], Any]) -> KeyedStream:
+        """Key the records by ``key(value)`` for the stateful operators that follow
+        (``stateful_map``, ``fold``, ``reduce``, ``window``; docs/state.md). Each key's state
+        lives in one operator, snapshotted to KV with the messages it covers."""
+        if self.kind == "sink":
+            raise PipelineError(f"sink {self.name!r} has no output to key")
+        return KeyedStream(self, key)
+
     def sink(
         self,
         sink: Any,
@@ -178,6 +190,7 @@ class PipelineGraph:
         drain_timeout: float = 30.0,
         max_in_flight: int | None = None,
         commit_bucket: str = DEFAULT_BUCKET,
+        state_bucket: str = DEFAULT_STATE_BUCKET,
         sink_retry: SinkRetry | None = None,
         allow_termination: bool = False,
     ) -> None:
@@ -195,6 +208,7 @@ class PipelineGraph:
             raise PipelineError("max_in_flight must be at least 1")
         self.max_in_flight = max_in_flight
         self.commit_bucket = check_bucket_name(commit_bucket)
+        self.state_bucket = check_bucket_name(state_bucket)
         self.sink_retry = sink_retry or SinkRetry()
         self.allow_termination = allow_termination
         self.nodes: list[Node] = []
@@ -270,6 +284,12 @@ class PipelineGraph:
                     raise PipelineError(f"{node.kind} {node.name!r}: its function is not callable")
                 if node.concurrency > 1 and not inspect.iscoroutinefunction(node.fn):
                     pass  # sync functions run in worker threads then
+            if node.kind == "stateful" and not isinstance(node.restart, Escalate):
+                raise PipelineError(
+                    f"stateful {node.name!r}: a stateful operator cannot be restarted in place "
+                    "(the messages its state holds would be neither acked nor redelivered "
+                    "until their ack wait); leave restart at Escalate"
+                )
             if node.kind == "sink" and not callable(getattr(node.sink_obj, "write_batch", None)):
                 raise PipelineError(f"sink {node.name!r} has no write_batch(batch) method")
         self._check_acyclic()

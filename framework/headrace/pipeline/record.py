@@ -13,7 +13,7 @@ subject, headers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -56,6 +56,28 @@ class Delivery:
 
     def __repr__(self) -> str:
         return f"<Delivery {self.msg.subject!r} pending={self.pending}>"
+
+
+class ResultOwner(Protocol):
+    """Who is told that a result it emitted has settled (a stateful stage)."""
+
+    def result_settled(self, seq: int, *, committed: bool) -> None: ...
+
+
+class ResultDelivery(Delivery):
+    """A stateful operator's output (a window's result, a stateful map's output): not a
+    message of any consumer. Its ``msg`` is a stand-in whose metadata names the operator's
+    results (``stream``: ``<pipeline>.<operator>``, ``stream_seq``: the result's number, as
+    the operator's snapshot recorded it), so sinks deduplicate results as they do messages.
+    It belongs to no arrival group (``group`` None) and is acked by nobody: when its records
+    settle, the tracker tells ``owner``, which forgets the result at its next snapshot."""
+
+    __slots__ = ("owner", "result_seq")
+
+    def __init__(self, msg: JsMsg, received: float, source: str, owner: ResultOwner, seq: int):
+        super().__init__(msg, received, source)
+        self.owner = owner
+        self.result_seq = seq
 
 
 class Record:

@@ -57,9 +57,11 @@ from headrace.pipeline.stages import (
     SourceStage,
     Stage,
 )
+from headrace.pipeline.stateful import StatefulStage
 from headrace.pipeline.stats import PipelineStats
 
 if TYPE_CHECKING:
+    from headrace.commits.identity import StreamIdentity
     from headrace.nats.connection import Connection
     from headrace.pipeline.nodes import Node, PipelineGraph
     from headrace.pipeline.record import Record
@@ -105,6 +107,9 @@ class PipelineRun:
         #: Set once finished: :meth:`stop` ended the run before it had drained.
         self.stopped_hard = False
         self._sinks_left = 0
+        #: The identities of the stateful operators' results (``<pipeline>.<operator>``),
+        #: which the sinks look up as they do a stream's (pipeline/stateful.py).
+        self.result_identities: dict[str, StreamIdentity] = {}
         #: Told of each batch a sink committed, with the sink's name: the server-less test
         #: harness (headrace.testing) records them through it. None in production: one check
         #: per committed batch, nothing per message.
@@ -129,6 +134,8 @@ class PipelineRun:
                 self.stages[writer.name] = writer
                 self._sinks_left += 1
                 continue
+            elif node.kind == "stateful":
+                stage = StatefulStage(node, self.tracker, self)
             else:
                 stage = OperatorStage(node, self.tracker)
             self.stages[stage.name] = stage
@@ -171,7 +178,35 @@ class PipelineRun:
             sink=sink.name,
             consumers=consumers,
             commit_bucket=self.pipeline.commit_bucket,
+            results=self.result_identities,
         )
+
+    # -- what stateful stages need (StatefulHost) --------------------------------------------
+
+    @property
+    def pipeline_name(self) -> str:
+        return self.pipeline.name
+
+    @property
+    def state_bucket(self) -> str:
+        return self.pipeline.state_bucket
+
+    def held_limit(self, node: Node) -> int:
+        """The fewest messages a source feeding ``node`` may have in flight."""
+        feeding = self.pipeline.sources_of(node)
+        return min((self.max_in_flight(s) for s in feeding), default=1000)
+
+    async def ack_floors(self) -> dict[str, int]:
+        """Per stream, the lowest ack floor of the consumers of this run's sources on it."""
+        floors: dict[str, int] = {}
+        for source in self.sources:
+            spec, name = source.node.source, source.consumer_name
+            if spec is None or name is None:
+                continue
+            info = await retry_transient(partial(self.js.consumer_info, spec.stream, name))
+            floor = info.ack_floor.stream_seq
+            floors[spec.stream] = min(floors.get(spec.stream, floor), floor)
+        return floors
 
     def max_in_flight(self, source: Node) -> int:
         """How many of a source's messages may be in the pipeline at once (taken and not yet

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import trio
@@ -75,6 +75,7 @@ class SinkContext:
         consumers: Callable[[], list[tuple[str, str | None]]] | None = None,
         commit_bucket: str = DEFAULT_BUCKET,
         replicas: int | None = None,
+        results: Mapping[str, StreamIdentity] | None = None,
     ) -> None:
         self.js = js
         self.pipeline = pipeline
@@ -87,6 +88,10 @@ class SinkContext:
         #: watch of a shared output's commit state); set by the pipeline, None outside one.
         self.nursery: trio.Nursery | None = None
         self._identities: dict[str, tuple[StreamIdentity, float]] = {}
+        #: The identities of the stateful operators' results that may reach the sink, by
+        #: their stream name (``<pipeline>.<operator>``; no stream of the server): filled by
+        #: the operators as they load their state (pipeline/stateful.py).
+        self.results: Mapping[str, StreamIdentity] = results if results is not None else {}
 
     def __repr__(self) -> str:
         return f"<SinkContext {self.owner} worker {self.worker}>"
@@ -98,6 +103,9 @@ class SinkContext:
     async def stream_identity(self, name: str, *, fresh: bool = False) -> StreamIdentity:
         """The identity (name and creation time) of stream ``name``; looked up again when
         ``fresh`` and the last look is older than a second."""
+        result = self.results.get(name)
+        if result is not None:
+            return result
         now = trio.current_time()
         known = self._identities.get(name)
         if known is not None and not (fresh and now - known[1] > IDENTITY_TTL):

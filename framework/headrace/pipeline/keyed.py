@@ -1,0 +1,219 @@
+"""``key_by``: the graph's stateful operators, as a user writes them.
+
+::
+
+    clicks = pipe.source(JetStreamSource(stream="CLICKS", durable="counts")).map(json.loads)
+    per_user = clicks.key_by(lambda c: c["user"])
+    per_user.window(TumblingWindow(timedelta(minutes=1)), count(),
+                    event_time=lambda c: c["ts"], lateness=timedelta(seconds=30)).sink(...)
+    per_user.fold(lambda: 0, lambda total, c: total + c["amount"]).sink(...)
+
+:meth:`Node.key_by <headrace.pipeline.nodes.Node.key_by>` returns a :class:`KeyedStream`, which
+is not a node: it only says how records are keyed. Each of its operators makes one node of kind
+``stateful`` whose :class:`StateSpec` says what it keeps. The stage that runs it
+(``pipeline/stateful.py``) owns the state, snapshots it to KV and emits its outputs exactly once
+(docs/state.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+import attrs
+
+from headrace.pipeline.errors import PipelineError
+from headrace.state.aggregates import Aggregate
+from headrace.state.keyed import StatefulFn, fold_fn, reduce_fn
+from headrace.state.windows import SessionWindow, SlidingWindow, TumblingWindow
+
+
+class Chain(Protocol):
+    """What a keyed stream needs of the node it keys: to add a node after it (the graph's
+    ``Node``, named this way so that this module need not import the graph, which imports
+    it)."""
+
+    def _then(self, kind: Any, fn: Any, name: str | None, **kw: Any) -> Any: ...
+
+
+Assigner = TumblingWindow | SlidingWindow | SessionWindow
+#: Where a record's event time comes from: a function of its value (a datetime, or seconds
+#: since the epoch), ``"stored"`` (when the stream stored its message) or ``"processing"``
+#: (the wall clock when the operator sees it: processing-time windows).
+EventTime = Callable[[Any], Any] | Literal["stored", "processing"]
+
+#: A snapshot at least this often (seconds) by default: the delay before a window's result
+#: or a stateful map's output goes on, and before the messages behind it are acked.
+SNAPSHOT_INTERVAL = 1.0
+
+
+def _seconds(value: float | dt.timedelta | None, what: str, *, zero: bool = False) -> float | None:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+    if not (seconds >= 0 if zero else seconds > 0) or seconds != seconds:
+        raise PipelineError(f"{what} must be {'>= 0' if zero else '> 0'}, not {value!r}")
+    return seconds
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class StateSpec:
+    """What a stateful node keeps and does. ``kind`` ``"map"``: ``fn(state, value) ->
+    (state, output)`` per key (``pair``: outputs are ``(key, output)``, as ``fold`` and
+    ``reduce`` give them); ``"window"``: ``aggregate`` over ``assigner``'s windows of event
+    time. ``ttl`` (map): seconds a key's state outlives its last record; ``lateness``
+    (window): how far behind the newest event time a record may come and still count;
+    ``idle`` (window): after this many seconds without records the watermark moves on with
+    the wall clock, so the last windows close; ``max_keys``: a bound that stops the pipeline
+    rather than growing until it is killed; ``snapshot_interval`` / ``snapshot_every``: a
+    snapshot after this many seconds or held messages, whichever comes first."""
+
+    kind: Literal["map", "window"]
+    key: Callable[[Any], Any]
+    fn: StatefulFn | None = None
+    pair: bool = False
+    assigner: Assigner | None = None
+    aggregate: Aggregate[Any, Any, Any] | None = None
+    event_time: EventTime = "stored"
+    lateness: float = 0.0
+    idle: float | None = None
+    ttl: float | None = None
+    max_keys: int | None = None
+    snapshot_interval: float = SNAPSHOT_INTERVAL
+    snapshot_every: int | None = None
+
+
+class KeyedStream:
+    """Records of ``node`` keyed by ``key(value)``; its methods add stateful operators."""
+
+    def __init__(self, node: Chain, key: Callable[[Any], Any]) -> None:
+        if not callable(key):
+            raise PipelineError(f"key_by needs a function of the record's value, not {key!r}")
+        self.node = node
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"<KeyedStream of {self.node!r}>"
+
+    def _add(self, name: str | None, default: str, spec: StateSpec, **kw: Any) -> Any:
+        return self.node._then("stateful", None, name or default, state=spec, **kw)
+
+    def stateful_map(
+        self,
+        fn: StatefulFn,
+        *,
+        name: str | None = None,
+        ttl: float | dt.timedelta | None = None,
+        max_keys: int | None = None,
+        snapshot_interval: float = SNAPSHOT_INTERVAL,
+        snapshot_every: int | None = None,
+        on_error: Literal["nak", "crash"] = "nak",
+    ) -> Any:
+        """Per key, ``fn(state, value) -> (state, output)``: ``state`` is None for a new key
+        (or one whose ``ttl`` ran out); returning a state of None forgets the key; an output
+        of None emits nothing."""
+        if not callable(fn):
+            raise PipelineError(f"stateful_map needs a function, not {fn!r}")
+        spec = StateSpec(
+            kind="map",
+            key=self.key,
+            fn=fn,
+            ttl=_seconds(ttl, "ttl"),
+            max_keys=max_keys,
+            snapshot_interval=_seconds(snapshot_interval, "snapshot_interval") or 1.0,
+            snapshot_every=snapshot_every,
+        )
+        return self._add(name, getattr(fn, "__name__", "stateful_map"), spec, on_error=on_error)
+
+    def fold(
+        self,
+        init: Callable[[], Any],
+        fn: Callable[[Any, Any], Any],
+        *,
+        name: str | None = None,
+        ttl: float | dt.timedelta | None = None,
+        max_keys: int | None = None,
+        snapshot_interval: float = SNAPSHOT_INTERVAL,
+    ) -> Any:
+        """Per key, ``acc = fn(acc, value)`` from ``init()``; each record emits
+        ``(key, acc)``: the running value."""
+        spec = self._running(fold_fn(init, fn), ttl, max_keys, snapshot_interval)
+        return self._add(name, "fold", spec)
+
+    def reduce(
+        self,
+        fn: Callable[[Any, Any], Any],
+        *,
+        name: str | None = None,
+        ttl: float | dt.timedelta | None = None,
+        max_keys: int | None = None,
+        snapshot_interval: float = SNAPSHOT_INTERVAL,
+    ) -> Any:
+        """Per key, the first value, then ``fn(acc, value)``; each record emits
+        ``(key, acc)``."""
+        spec = self._running(reduce_fn(fn), ttl, max_keys, snapshot_interval)
+        return self._add(name, "reduce", spec)
+
+    def _running(
+        self,
+        fn: StatefulFn,
+        ttl: float | dt.timedelta | None,
+        max_keys: int | None,
+        snapshot_interval: float,
+    ) -> StateSpec:
+        """The spec of ``fold`` and ``reduce``: a stateful map emitting ``(key, acc)``."""
+        return StateSpec(
+            kind="map",
+            key=self.key,
+            fn=fn,
+            pair=True,
+            ttl=_seconds(ttl, "ttl"),
+            max_keys=max_keys,
+            snapshot_interval=_seconds(snapshot_interval, "snapshot_interval") or 1.0,
+        )
+
+    def window(
+        self,
+        assigner: Assigner,
+        aggregate: Aggregate[Any, Any, Any],
+        *,
+        event_time: EventTime = "stored",
+        lateness: float | dt.timedelta = 0.0,
+        idle: float | dt.timedelta | None = None,
+        name: str | None = None,
+        max_keys: int | None = None,
+        snapshot_interval: float = SNAPSHOT_INTERVAL,
+        snapshot_every: int | None = None,
+    ) -> Any:
+        """Aggregate each key's records over ``assigner``'s windows of event time; a window
+        emits one :class:`~headrace.state.WindowResult` (key, bounds, value, count) once the
+        watermark (the newest event time less ``lateness``) passes its end. A record behind
+        the watermark is late: dead-lettered with the reason, counted, never dropped
+        silently."""
+        if not isinstance(assigner, TumblingWindow | SlidingWindow | SessionWindow):
+            raise PipelineError(
+                f"window needs a TumblingWindow, SlidingWindow or SessionWindow, not {assigner!r}"
+            )
+        if not isinstance(aggregate, Aggregate):
+            raise PipelineError(f"window needs an Aggregate (count(), ...), not {aggregate!r}")
+        if isinstance(assigner, SessionWindow) and aggregate.merge is None:
+            raise PipelineError("session windows merge: the aggregate needs a merge function")
+        if not (callable(event_time) or event_time in ("stored", "processing")):
+            raise PipelineError(
+                "event_time must be a function of the value, 'stored' or 'processing', "
+                f"not {event_time!r}"
+            )
+        spec = StateSpec(
+            kind="window",
+            key=self.key,
+            assigner=assigner,
+            aggregate=aggregate,
+            event_time=event_time,
+            lateness=_seconds(lateness, "lateness", zero=True) or 0.0,
+            idle=_seconds(idle, "idle"),
+            max_keys=max_keys,
+            snapshot_interval=_seconds(snapshot_interval, "snapshot_interval") or 1.0,
+            snapshot_every=snapshot_every,
+        )
+        return self._add(name, "window", spec)

@@ -1,0 +1,455 @@
+"""The stage of a stateful operator: keyed state or windows, snapshotted, exactly once.
+
+The rule a stateful operator keeps: **a message is acked only once everything it contributed
+to is durable**, and **an output is emitted only once the state that made it is durable**.
+
+- A record that reaches the operator changes its state and is *held* (its message is not
+  acked). Outputs (a window's result, a stateful map's output) are not sent on at once: each
+  gets the next result number and waits in the state.
+- Every ``snapshot_interval`` seconds (or ``snapshot_every`` held messages) the stage saves a
+  snapshot to KV (``headrace.state.snapshots``): the operator's state, the stream sequences it
+  has taken in, the results not yet known to be committed, and the next result number. Once
+  it is saved, the held records are released (their messages are acked when nothing else
+  holds them) and the new results go on downstream.
+- A result is a record of its own, with a stand-in delivery (``ResultDelivery``) whose
+  metadata names the operator's results as a stream (``<pipeline>.<operator>``, the lineage
+  of the state as its identity) and the result's number as its sequence. Sinks leave out what
+  they already committed by (stream, sequence), so a result sent twice across a crash is
+  written once. When a result's records are committed, the tracker tells the stage, which
+  leaves it out of the next snapshot.
+- On start the stage loads the snapshot, sends on every result it holds (the sinks drop those
+  already written), and skips records whose (stream, sequence) the state already took in (a
+  message redelivered because its ack was lost or came too late); those are held and acked
+  with the next snapshot.
+
+A crash loses only what no snapshot holds: those messages were not acked and come again.
+Two processes running one operator are found out by the snapshot's compare-and-set
+(``StateFenced``); the second stops.
+
+Event time and watermarks are the window operator's (``headrace.state.windows``). A record
+behind the watermark is late: dead-lettered at once with :class:`LateRecord` as its reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import pickle
+import time
+import zlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import trio
+
+from headrace.commits.identity import StreamIdentity, iso
+from headrace.commits.seqset import SeqSet
+from headrace.jetstream.ack_reply import AckMetadata
+from headrace.jetstream.message import JsMsg
+from headrace.pipeline.record import Record, ResultDelivery
+from headrace.pipeline.stages import Stage, _End
+from headrace.protocol.events import Msg
+from headrace.state.errors import (
+    LateRecord,
+    SnapshotCorrupt,
+    StateConflict,
+    StateLimitExceeded,
+)
+from headrace.state.keyed import KeyedOperator
+from headrace.state.snapshots import SnapshotStore
+from headrace.state.windows import WindowOperator, from_micros, to_micros
+
+if TYPE_CHECKING:
+    from headrace.jetstream.context import JetStream
+    from headrace.pipeline.ack_tracker import AckTracker
+    from headrace.pipeline.keyed import StateSpec
+    from headrace.pipeline.nodes import Node
+
+#: The snapshot's own format (inside the store's chunks).
+SNAPSHOT_FORMAT = 1
+#: How often (seconds) the sequences taken in are trimmed to the consumers' ack floors.
+TRIM_INTERVAL = 10.0
+
+
+class StatefulHost(Protocol):
+    """What a stateful stage needs of its run: the JetStream context, the pipeline's name
+    and state bucket, where its results' identity is made known to the sinks, and the ack
+    floor of the consumer of a stream (messages at or below it never come again)."""
+
+    @property
+    def js(self) -> JetStream: ...
+
+    @property
+    def pipeline_name(self) -> str: ...
+
+    @property
+    def state_bucket(self) -> str: ...
+
+    @property
+    def result_identities(self) -> dict[str, StreamIdentity]: ...
+
+    async def ack_floors(self) -> Mapping[str, int]: ...
+
+    def held_limit(self, node: Node) -> int: ...
+
+
+@attrs.define(slots=True)
+class StateStats:
+    """What a stateful operator holds and has done, for progress views and metrics."""
+
+    keys: int = 0
+    open_windows: int = 0
+    #: The watermark and the newest event time (seconds since the epoch), if any.
+    watermark: float | None = None
+    max_event_time: float | None = None
+    late: int = 0
+    held: int = 0
+    results_pending: int = 0
+    results_emitted: int = 0
+    skipped_redeliveries: int = 0
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+    snapshot_seconds: float = 0.0
+    epoch: int = 0
+
+
+class ResultMsg(JsMsg):
+    """The stand-in message of a result (see the module docs): no reply, nothing to ack."""
+
+    __slots__ = ()
+
+    def __init__(self, subject: str, data: bytes, meta: AckMetadata) -> None:
+        super().__init__(Msg(subject=subject, sid=0, reply=None, data=data), None, ack_none=True)  # type: ignore[arg-type]
+        self._meta = meta
+
+
+def _result_bytes(value: Any) -> bytes:
+    """A result as bytes, for the stand-in message's body (a dead letter's copy)."""
+    to_dict = getattr(value, "to_dict", None)
+    try:
+        return json.dumps(to_dict() if callable(to_dict) else value, default=str).encode()
+    except (TypeError, ValueError):
+        return repr(value).encode()
+
+
+class StatefulStage(Stage):
+    """Runs one ``stateful`` node (see the module docs)."""
+
+    def __init__(self, node: Node, tracker: AckTracker, host: StatefulHost) -> None:
+        super().__init__(f"stateful:{node.name}", node, tracker)
+        spec = node.state
+        assert spec is not None
+        self.spec: StateSpec = spec
+        self.host = host
+        self.stats = StateStats()
+        self.result_stream = f"{host.pipeline_name}.{node.name}"
+        self.store: SnapshotStore | None = None
+        self.lineage = ""
+        self._keyed: KeyedOperator | None = None
+        self._windows: WindowOperator | None = None
+        #: Records taken in since the last snapshot: released once one holds them.
+        self._held: list[Record] = []
+        #: Per stream, the sequences the state has taken in (above the ack floor).
+        self._taken: dict[str, SeqSet] = {}
+        #: Results by number, not yet known to be committed (emitted or not).
+        self._pending: dict[int, tuple[Any, int]] = {}
+        self._next_seq = 1
+        #: Results numbered up to this one have been sent on by this process.
+        self._sent_upto = 0
+        self._last_record_at: float | None = None
+        self._trimmed_at = 0.0
+        self._dirty = False
+
+    # -- results settling (told by the tracker) ---------------------------------------------
+
+    def result_settled(self, seq: int, *, committed: bool) -> None:
+        """Result ``seq`` is committed (or dead-lettered): the next snapshot leaves it out."""
+        if self._pending.pop(seq, None) is not None:
+            self._dirty = True
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        spec = self.spec
+        self.store = await SnapshotStore.open(
+            self.host.js, self.host.pipeline_name, self.node.name, bucket=self.host.state_bucket
+        )
+        self._make_operator()
+        await self._restore()
+        self.host.result_identities[self.result_stream] = StreamIdentity(
+            self.result_stream, self.lineage
+        )
+        await self._send_results()
+        inbox = self.inbox
+        due = trio.current_time() + spec.snapshot_interval
+        # Held messages that call for a snapshot before the interval ends: a quarter of what
+        # the sources may have in flight, so that they never wait on the interval for room.
+        every = spec.snapshot_every or max(1, self.host.held_limit(self.node) // 4)
+        while True:
+            item: Any = None
+            with trio.move_on_at(due):
+                item = await inbox.receive()
+            if item is None:  # the interval passed with nothing new
+                self._tick()
+                await self._snapshot_if_needed()
+                due = trio.current_time() + spec.snapshot_interval
+                continue
+            if isinstance(item, _End):
+                if self.ended():
+                    await self._snapshot(force=bool(self._held or self._dirty))
+                    await self.forward_end()
+                    return
+                continue
+            self._take(item)
+            if len(self._held) >= every or trio.current_time() >= due:
+                self._tick()
+                await self._snapshot_if_needed()
+                due = trio.current_time() + spec.snapshot_interval
+
+    def _make_operator(self) -> None:
+        spec = self.spec
+        if spec.kind == "window":
+            assert spec.assigner is not None and spec.aggregate is not None
+            self._windows = WindowOperator(
+                spec.assigner, spec.aggregate, dt.timedelta(seconds=spec.lateness)
+            )
+        else:
+            assert spec.fn is not None
+            self._keyed = KeyedOperator(
+                spec.fn, ttl=spec.ttl, max_keys=spec.max_keys, name=self.node.name
+            )
+
+    # -- taking records in ------------------------------------------------------------------
+
+    def _take(self, batch: list[Record]) -> None:
+        spec = self.spec
+        taken = self._taken
+        held = self._held
+        keyed, windows = self._keyed, self._windows
+        now_wall = time.time()
+        late: list[tuple[Record, LateRecord]] = []
+        failed: list[tuple[Record, BaseException]] = []
+        for record in batch:
+            meta = record.delivery.msg.metadata
+            seen = taken.get(meta.stream)
+            if seen is None:
+                seen = taken[meta.stream] = SeqSet()
+            if meta.stream_seq in seen:
+                self.stats.skipped_redeliveries += 1
+                held.append(record)  # in the state already: acked with the next snapshot
+                continue
+            value = record.value
+            try:
+                key = spec.key(value)
+                if windows is not None:
+                    t = self._event_time(record, now_wall)
+                    if not windows.add(key, t, value):
+                        # Not marked taken: if its dead letter fails, it comes again and is
+                        # judged again (still late: the watermark never goes back).
+                        late.append((record, self._late(t)))
+                        continue
+                else:
+                    assert keyed is not None
+                    output = keyed.apply(key, value, now_wall)
+                    if output is not None:
+                        self._add_result((key, output) if spec.pair else output, meta.timestamp_ns)
+            except StateConflict:
+                raise
+            except Exception as exc:
+                if self.node.on_error == "crash":
+                    raise
+                failed.append((record, exc))
+                continue
+            seen.add(meta.stream_seq)
+            held.append(record)
+        if batch:
+            self._last_record_at = trio.current_time()
+            self._dirty = True
+        if windows is not None:
+            self._fire()
+        if spec.max_keys is not None and windows is not None and windows.keys > spec.max_keys:
+            raise StateLimitExceeded(
+                f"{self.node.name!r} holds windows of {windows.keys} keys, over its max_keys "
+                f"({spec.max_keys})"
+            )
+        for record, error in late:
+            self.stats.late += 1
+            self.tracker.failed([record], error, self.name, self.node.name, poison=True)
+        for record, problem in failed:
+            self.tracker.failed([record], problem, self.name, self.node.name)
+        self.stats.held = len(held)
+
+    def _event_time(self, record: Record, now_wall: float) -> int:
+        source = self.spec.event_time
+        if source == "stored":
+            return record.delivery.msg.metadata.timestamp_ns // 1000
+        if source == "processing":
+            return int(now_wall * 1_000_000)
+        assert callable(source)
+        return to_micros(source(record.value))
+
+    def _late(self, t: int) -> LateRecord:
+        windows = self._windows
+        assert windows is not None
+        mark = windows.watermark
+        return LateRecord(
+            self.node.name,
+            from_micros(t).isoformat(),
+            from_micros(mark).isoformat() if mark is not None else "none",
+        )
+
+    def _tick(self) -> None:
+        """The clock's part: processing-time windows and idle sources move the watermark."""
+        windows = self._windows
+        if windows is None:
+            if self._keyed is not None and self._keyed.expire(time.time()):
+                self._dirty = True
+            return
+        spec = self.spec
+        if spec.event_time == "processing":
+            windows.advance_to(int((time.time() - spec.lateness) * 1_000_000))
+        elif spec.idle is not None and self._last_record_at is not None:
+            quiet = trio.current_time() - self._last_record_at
+            newest = windows.max_event_time
+            if quiet >= spec.idle and newest is not None:
+                windows.advance_to(newest + int((quiet - spec.lateness) * 1_000_000))
+        self._fire()
+
+    def _fire(self) -> None:
+        windows = self._windows
+        assert windows is not None
+        for result in windows.fire():
+            self._add_result(result, to_micros(result.end) * 1000)
+
+    def _add_result(self, value: Any, timestamp_ns: int) -> None:
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        self._pending[seq] = (value, timestamp_ns)
+        self._dirty = True
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    async def _snapshot_if_needed(self) -> None:
+        if self._held or self._dirty:
+            await self._snapshot(force=True)
+
+    async def _snapshot(self, *, force: bool) -> None:
+        if not force:
+            return
+        store = self.store
+        assert store is not None
+        started = trio.current_time()
+        await self._trim()
+        payload = zlib.compress(pickle.dumps(self._state(), protocol=5), 1)
+        head = await store.save(payload, self.lineage)
+        stats = self.stats
+        stats.snapshots += 1
+        stats.epoch = head.epoch
+        stats.snapshot_bytes = len(payload)
+        stats.snapshot_seconds += trio.current_time() - started
+        self._dirty = False
+        held, self._held = self._held, []
+        stats.held = 0
+        if held:
+            self.tracker.release(held)
+        self._note_stats()
+        await self._send_results()
+
+    def _state(self) -> dict[str, Any]:
+        windows, keyed = self._windows, self._keyed
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "kind": self.spec.kind,
+            "next_seq": self._next_seq,
+            "pending": sorted(self._pending.items()),
+            "taken": {name: seqs.intervals for name, seqs in self._taken.items() if seqs},
+            "windows": windows.snapshot() if windows is not None else None,
+            "keyed": keyed.snapshot() if keyed is not None else None,
+            "late": self.stats.late,
+        }
+
+    async def _restore(self) -> None:
+        store = self.store
+        assert store is not None
+        payload = await store.load()
+        if payload is None or store.head is None:
+            self.lineage = iso(dt.datetime.now(dt.UTC))
+            return
+        self.lineage = store.head.lineage
+        try:
+            state = pickle.loads(zlib.decompress(payload))
+            if state["format"] > SNAPSHOT_FORMAT or state["kind"] != self.spec.kind:
+                raise ValueError(f"format {state['format']} of kind {state['kind']!r}")
+            self._next_seq = state["next_seq"]
+            self._pending = dict(state["pending"])
+            self._taken = {name: SeqSet(ivs) for name, ivs in state["taken"].items()}
+            if self._windows is not None:
+                spec = self.spec
+                assert spec.assigner is not None and spec.aggregate is not None
+                self._windows = WindowOperator.restore(
+                    spec.assigner,
+                    spec.aggregate,
+                    dt.timedelta(seconds=spec.lateness),
+                    state["windows"],
+                )
+            if self._keyed is not None:
+                self._keyed.restore(state["keyed"])
+            self.stats.late = state.get("late", 0)
+        except (StateConflict, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise SnapshotCorrupt(
+                f"{store.where}: snapshot epoch {store.epoch} does not restore into this "
+                f"operator ({type(exc).__name__}: {exc}); was the operator changed? "
+                "`headrace state reset` starts it afresh"
+            ) from exc
+        self.stats.epoch = store.epoch
+        self._note_stats()
+
+    async def _trim(self) -> None:
+        """Forget the sequences at or below each stream's ack floor: those never come
+        again, and the set would otherwise grow with every message."""
+        now = trio.current_time()
+        if now - self._trimmed_at < TRIM_INTERVAL or not self._taken:
+            return
+        self._trimmed_at = now
+        try:
+            floors = await self.host.ack_floors()
+        except Exception:  # a trim can wait: the set is only larger meanwhile
+            return
+        for name, floor in floors.items():
+            seqs = self._taken.get(name)
+            if seqs is not None and floor > 0:
+                seqs.discard_through(floor)
+
+    async def _send_results(self) -> None:
+        """Send on the results numbered after what this process sent (all of them, after a
+        restore): each as a record of its own stand-in delivery."""
+        fresh = [(seq, v) for seq, v in self._pending.items() if seq > self._sent_upto]
+        if not fresh:
+            return
+        fresh.sort()
+        now = trio.current_time()
+        stream, name = self.result_stream, self.node.name
+        records = []
+        for seq, (value, timestamp_ns) in fresh:
+            meta = AckMetadata(stream, name, 1, seq, seq, timestamp_ns, 0)
+            msg = ResultMsg(stream, _result_bytes(value), meta)
+            records.append(Record(value, ResultDelivery(msg, now, self.name, self, seq)))
+        self._sent_upto = fresh[-1][0]
+        self.stats.results_emitted += len(records)
+        await self.forward(records)
+
+    def _note_stats(self) -> None:
+        stats = self.stats
+        stats.results_pending = len(self._pending)
+        windows = self._windows
+        if windows is not None:
+            stats.keys = windows.keys
+            stats.open_windows = windows.open_windows
+            mark, newest = windows.watermark, windows.max_event_time
+            stats.watermark = None if mark is None else mark / 1e6
+            stats.max_event_time = None if newest is None else newest / 1e6
+        elif self._keyed is not None:
+            stats.keys = self._keyed.keys

@@ -1,0 +1,267 @@
+"""Stateful operators in a running pipeline, on a real nats-server: windows and keyed state
+checked against counts computed independently from what was published, across restarts,
+with late records in the dead letter and the snapshot in KV.
+
+Events are JSON ``{"user": u, "ts": seconds, "n": i}`` on ``clicks.<u>``; a last event far in
+the future (user ``"end"``) moves the watermark past every real window, so all of them close.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+import trio
+from headrace.jetstream import JetStream, StreamConfig, publish_acked
+from headrace.jetstream.kv import key_value
+from headrace.nats import connect
+from headrace.pipeline import JetStreamSource, Pipeline, run_until_caught_up
+from headrace.sinks import MemorySink
+from headrace.state import (
+    SessionWindow,
+    SlidingWindow,
+    TumblingWindow,
+    WindowResult,
+    count,
+    to_micros,
+)
+from headrace.state.errors import StateFenced
+from headrace.state.snapshots import SnapshotStore
+
+BASE = 1_700_000_000.0  # event time of event 0 (seconds)
+END_TS = BASE + 100_000.0
+
+
+def events(n: int, *, users: int = 20, seed: int = 1, jitter: float = 2.0) -> list[dict[str, Any]]:
+    """``n`` events 10 ms apart, each moved up to ``jitter`` seconds either way: out of order."""
+    rng = random.Random(seed)
+    return [
+        {
+            "user": f"u{rng.randrange(users)}",
+            "ts": BASE + i * 0.01 + rng.uniform(-jitter, jitter),
+            "n": i,
+        }
+        for i in range(n)
+    ]
+
+
+def tumbling_counts(evs: list[dict[str, Any]], size: float) -> Counter[tuple[str, float]]:
+    """Per (user, window start) counts, computed without headrace."""
+    out: Counter[tuple[str, float]] = Counter()
+    for e in evs:
+        start = (e["ts"] // size) * size
+        out[(e["user"], start)] += 1
+    return out
+
+
+async def load(url: str, evs: list[dict[str, Any]], *, stream: str = "CLICKS") -> None:
+    async with connect(url) as nc:
+        js = JetStream(nc)
+        try:
+            await js.add_stream(StreamConfig(name=stream, subjects=["clicks.>"]))
+        except Exception:
+            pass  # made by an earlier call of the test
+        messages = ((f"clicks.{e['user']}", json.dumps(e).encode(), None) for e in evs)
+        await publish_acked(nc, messages)
+
+
+def results_of(sink: MemorySink) -> list[WindowResult]:
+    return [r.value for r in sink.records if isinstance(r.value, WindowResult)]
+
+
+def windowed(name: str = "clicks", **kw: Any) -> tuple[Pipeline, MemorySink]:
+    sink = MemorySink()
+    pipe = Pipeline(name, drain_timeout=10.0, dead_letter=kw.pop("dead_letter", None))
+    (
+        pipe.source(JetStreamSource(stream="CLICKS", durable=name))
+        .map(json.loads)
+        .key_by(lambda e: e["user"])
+        .window(
+            kw.pop("assigner", TumblingWindow(60)),
+            kw.pop("aggregate", count()),
+            event_time=lambda e: e["ts"],
+            lateness=kw.pop("lateness", 5.0),
+            snapshot_interval=kw.pop("snapshot_interval", 0.2),
+            **kw,
+        )
+        .sink(sink)
+    )
+    return pipe, sink
+
+
+def as_counts(results: list[WindowResult]) -> Counter[tuple[str, float]]:
+    out: Counter[tuple[str, float]] = Counter()
+    for r in results:
+        if r.key != "end":
+            out[(r.key, r.start.timestamp())] += r.value
+    return out
+
+
+async def test_tumbling_counts_equal_the_counts_computed_from_the_events(nats_server):
+    evs = events(20_000)
+    await load(nats_server.url, [*evs, {"user": "end", "ts": END_TS, "n": -1}])
+    pipe, sink = windowed()
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            stats = await run_until_caught_up(pipe, nc)
+    results = results_of(sink)
+    keys = [(r.key, r.start) for r in results]
+    assert len(keys) == len(set(keys)), "a window emitted twice"
+    assert as_counts(results) == tumbling_counts(evs, 60)
+    assert stats.acks == len(evs) + 1
+
+
+async def test_a_restarted_pipeline_goes_on_from_its_snapshot(nats_server):
+    """Half the events, drain; the other half, a new run of the same pipeline: every window
+    once, with the count of both halves (the open windows came back from KV)."""
+    evs = events(6_000, seed=2)
+    first, second = evs[:3_000], evs[3_000:]
+    await load(nats_server.url, first)
+    pipe, sink1 = windowed("restart")
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+    await load(nats_server.url, [*second, {"user": "end", "ts": END_TS, "n": -1}])
+    pipe, sink2 = windowed("restart")
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+        store = await SnapshotStore.open(JetStream(nc), "restart", "window")
+        assert await store.load() is not None and store.epoch >= 2
+    results = results_of(sink1) + results_of(sink2)
+    keys = [(r.key, r.start) for r in results]
+    assert len(keys) == len(set(keys))
+    assert as_counts(results) == tumbling_counts(evs, 60)
+
+
+async def test_late_records_reach_the_dead_letter_with_the_reason(nats_server):
+    """Three records from before the watermark (an hour behind with a lateness of 5 s): each
+    in the dead letter with the reason, none counted, the rest exact."""
+    evs = events(2_000, seed=3, jitter=0.0)
+    late = [{"user": "u1", "ts": BASE - 3600.0 + k, "n": 10_000 + k} for k in range(3)]
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="DEAD", subjects=["dead.>"]))
+    await load(nats_server.url, [*evs[:1000], *late, *evs[1000:], {"user": "end", "ts": END_TS}])
+    pipe, sink = windowed("lateness", dead_letter="dead.clicks")
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            stats = await run_until_caught_up(pipe, nc)
+        js = JetStream(nc)
+        info = await js.stream_info("DEAD")
+        assert info.state.messages == 3
+        copies = [await js.get_msg("DEAD", seq) for seq in range(1, 4)]
+    assert stats.dead_lettered == 3
+    for copy in copies:
+        assert copy.headers is not None
+        assert "late record" in (copy.headers.get("Headrace-Error") or "")
+        assert json.loads(copy.data)["n"] >= 10_000
+    assert as_counts(results_of(sink)) == tumbling_counts(evs, 60)
+
+
+def sessions_brute_force(evs: list[dict[str, Any]], gap: float) -> Counter[tuple[str, int]]:
+    """Per (user, session start in microseconds): sort each user's times, split at gaps."""
+    by_user: dict[str, list[int]] = {}
+    for e in evs:
+        by_user.setdefault(e["user"], []).append(to_micros(e["ts"]))
+    out: Counter[tuple[str, int]] = Counter()
+    for user, times in by_user.items():
+        times.sort()
+        start, n = times[0], 1
+        for prev, t in itertools.pairwise(times):
+            if t - prev >= gap * 1_000_000:
+                out[(user, start)] += n
+                start, n = t, 0
+            n += 1
+        out[(user, start)] += n
+    return out
+
+
+async def test_session_windows_match_a_brute_force_computation(nats_server):
+    rng = random.Random(5)
+    evs = []
+    t = BASE
+    for i in range(3_000):  # bursts with pauses: sessions of many lengths
+        t += rng.choice([0.1, 0.2, 0.5, 3.0, 12.0])
+        evs.append({"user": f"u{rng.randrange(5)}", "ts": t, "n": i})
+    await load(nats_server.url, [*evs, {"user": "end", "ts": END_TS}])
+    pipe, sink = windowed("sessions", assigner=SessionWindow(10.0), lateness=0.0)
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+    found: Counter[tuple[str, int]] = Counter()
+    for r in results_of(sink):
+        if r.key != "end":
+            found[(r.key, r.start_us)] += r.value
+    assert found == sessions_brute_force(evs, 10.0)
+
+
+async def test_sliding_windows_count_each_record_in_every_window_it_falls_in(nats_server):
+    evs = events(3_000, seed=7)
+    await load(nats_server.url, [*evs, {"user": "end", "ts": END_TS}])
+    pipe, sink = windowed("sliding", assigner=SlidingWindow(60, 20))
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+    expected: Counter[tuple[str, float]] = Counter()
+    for e in evs:
+        last = (e["ts"] // 20) * 20
+        for start in (last, last - 20, last - 40):
+            expected[(e["user"], start)] += 1
+    assert as_counts(results_of(sink)) == expected
+
+
+async def test_fold_keeps_a_running_total_per_key_across_a_restart(nats_server):
+    evs = events(2_000, seed=11)
+
+    def build() -> tuple[Pipeline, MemorySink]:
+        sink = MemorySink()
+        pipe = Pipeline("totals", drain_timeout=10.0)
+        (
+            pipe.source(JetStreamSource(stream="CLICKS", durable="totals"))
+            .map(json.loads)
+            .key_by(lambda e: e["user"])
+            .fold(lambda: 0, lambda total, e: total + 1, snapshot_interval=0.2)
+            .sink(sink)
+        )
+        return pipe, sink
+
+    await load(nats_server.url, evs[:1000])
+    pipe, sink1 = build()
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+    await load(nats_server.url, evs[1000:])
+    pipe, sink2 = build()
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+    outputs = [r.value for r in sink1.records + sink2.records]
+    assert len(outputs) == len(evs)
+    last: dict[str, int] = {}
+    for user, total in outputs:
+        assert total == last.get(user, 0) + 1  # each running total once, in order
+        last[user] = total
+    assert last == dict(Counter(e["user"] for e in evs))
+
+
+async def test_a_second_process_on_the_same_state_is_fenced(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        a = await SnapshotStore.open(js, "fence", "op")
+        b = await SnapshotStore.open(js, "fence", "op")
+        assert await a.load() is None and await b.load() is None
+        await a.save(b"one", "lineage")
+        with pytest.raises(StateFenced):
+            await b.save(b"two", "lineage")
+        assert await b.load() == b"one"
+        await b.save(b"three" * 300_000, "lineage")  # over one chunk
+        assert await a.load() == b"three" * 300_000
+        kv = await key_value(js, "headrace_state")
+        assert len(await kv.keys("fence.op.>")) == 1 + 3  # the head and the last epoch's
+        assert await SnapshotStore(kv, "fence", "op").reset()
+        assert await kv.keys("fence.op.>") == []
