@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import trio
 from headrace.jetstream import JetStream, StreamConfig, publish_acked
-from headrace.jetstream.kv import key_value
+from headrace.jetstream.kv import KeyValueConfig, create_key_value, key_value
 from headrace.nats import connect
 from headrace.pipeline import JetStreamSource, Pipeline, run_until_caught_up
 from headrace.sinks import MemorySink
 from headrace.state import (
+    Joined,
     SessionWindow,
     SlidingWindow,
     TumblingWindow,
@@ -265,3 +266,110 @@ async def test_a_second_process_on_the_same_state_is_fenced(nats_server):
         assert len(await kv.keys("fence.op.>")) == 1 + 3  # the head and the last epoch's
         assert await SnapshotStore(kv, "fence", "op").reset()
         assert await kv.keys("fence.op.>") == []
+
+
+def join_brute_force(
+    orders: list[dict[str, Any]], payments: list[dict[str, Any]], size: float
+) -> Counter[tuple[str, float, int, int]]:
+    """Every (user, window start, order n, payment n) pair in the same 60 s window."""
+    out: Counter[tuple[str, float, int, int]] = Counter()
+    for o in orders:
+        for p in payments:
+            if o["user"] == p["user"] and o["ts"] // size == p["ts"] // size:
+                out[(o["user"], (o["ts"] // size) * size, o["n"], p["n"])] += 1
+    return out
+
+
+async def test_a_windowed_join_pairs_what_a_brute_force_pairs(nats_server):
+    """Orders and payments from two streams, joined per user in one-minute windows: the
+    pairs equal those of a nested loop over both lists (inner join)."""
+    rng = random.Random(13)
+    orders = [
+        {"user": f"u{rng.randrange(8)}", "ts": BASE + rng.uniform(0, 600), "n": i}
+        for i in range(400)
+    ]
+    payments = [
+        {"user": f"u{rng.randrange(8)}", "ts": BASE + rng.uniform(0, 600), "n": i}
+        for i in range(300)
+    ]
+    orders.sort(key=lambda e: e["ts"])
+    payments.sort(key=lambda e: e["ts"])
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="ORDERS", subjects=["orders.>"]))
+        await js.add_stream(StreamConfig(name="PAYMENTS", subjects=["payments.>"]))
+        end = {"user": "end", "ts": END_TS, "n": -1}
+        await publish_acked(
+            nc, ((f"orders.{o['user']}", json.dumps(o).encode(), None) for o in [*orders, end])
+        )
+        await publish_acked(
+            nc, ((f"payments.{p['user']}", json.dumps(p).encode(), None) for p in payments)
+        )
+    sink = MemorySink()
+    pipe = Pipeline("joins", drain_timeout=10.0)
+    left = pipe.source(JetStreamSource(stream="ORDERS", durable="j")).map(json.loads)
+    right = pipe.source(JetStreamSource(stream="PAYMENTS", durable="j")).map(json.loads)
+    (
+        left.key_by(lambda o: o["user"])
+        .join(
+            right.key_by(lambda p: p["user"]),
+            TumblingWindow(60),
+            event_time=lambda e: e["ts"],
+            lateness=700.0,  # both streams are read at once: one may run ahead of the other
+            snapshot_interval=0.2,
+        )
+        .sink(sink)
+    )
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+    found: Counter[tuple[str, float, int, int]] = Counter()
+    for record in sink.records:
+        j = record.value
+        assert isinstance(j, Joined)
+        found[(j.key, j.start.timestamp(), j.left["n"], j.right["n"])] += 1
+    assert found == join_brute_force(orders, payments, 60.0)
+    assert found  # the data does pair
+
+
+async def test_a_lookup_enriches_each_record_from_kv_and_drops_or_keeps_the_missing(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        kv = await create_key_value(js, KeyValueConfig(bucket="plans"))
+        for k in range(5):
+            await kv.put(f"u{k}", json.dumps({"plan": "gold" if k % 2 else "free"}).encode())
+    evs = events(500, users=8, seed=17)  # u5..u7 have no plan
+    await load(nats_server.url, evs)
+
+    def build(missing: str) -> tuple[Pipeline, MemorySink]:
+        sink = MemorySink()
+        pipe = Pipeline(f"enrich-{missing}", drain_timeout=10.0)
+        (
+            pipe.source(JetStreamSource(stream="CLICKS", durable=f"enrich-{missing}"))
+            .map(json.loads)
+            .lookup(
+                "plans",
+                key=lambda e: e["user"],
+                into=lambda e, plan: {**e, "plan": plan and plan["plan"]},
+                decode=json.loads,
+                missing=missing,  # type: ignore[arg-type]
+            )
+            .sink(sink)
+        )
+        return pipe, sink
+
+    for missing in ("keep", "drop"):
+        pipe, sink = build(missing)
+        async with connect(nats_server.url) as nc:
+            with trio.fail_after(60):
+                stats = await run_until_caught_up(pipe, nc)
+        got = {r.value["n"]: r.value["plan"] for r in sink.records}
+        want = {
+            e["n"]: ("gold" if int(e["user"][1:]) % 2 else "free")
+            if int(e["user"][1:]) < 5
+            else None
+            for e in evs
+            if missing == "keep" or int(e["user"][1:]) < 5
+        }
+        assert got == want
+        assert stats.acks == len(evs)

@@ -30,6 +30,7 @@ from headrace.pipeline.errors import PipelineEnded
 from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
 from headrace.pipeline.graph import Node, Pipeline, PipelineError, run_until_caught_up
 from headrace.pipeline.keyed import KeyedStream, StateSpec
+from headrace.pipeline.lookup import LookupMissing, LookupSpec
 from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
@@ -50,6 +51,8 @@ __all__ = [
     "GcSettings",
     "JetStreamSource",
     "KeyedStream",
+    "LookupMissing",
+    "LookupSpec",
     "Node",
     "NotCaughtUp",
     "Pipeline",

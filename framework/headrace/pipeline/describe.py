@@ -72,7 +72,7 @@ def mermaid(
         lines.append("  end")
         lines.append(f"  {node_id(conn)} --- {node_id('sg:' + node.name)}")
     for node in pipeline.nodes:
-        if node.kind in ("map", "filter", "flat_map", "merge"):
+        if node.kind in ("map", "filter", "flat_map", "merge", "stateful", "lookup"):
             lines.append(f"  {box(f'{node.kind}:{node.name}')}")
         elif node.kind == "sink":
             lines.append(f"  {box(f'batcher:{node.name}')}")
@@ -93,5 +93,14 @@ def mermaid(
             lines.append(f"  {node_id(f'sink:{node.name}')} -. commits .-> {node_id(tracker)}")
             continue
         lines.extend(f"  {entry(node)} --> {entry(d)}" for d in node.downstream)
+        if node.kind == "stateful" and node.state is not None:
+            # Where its state lives: snapshots in the pipeline's state bucket (KV).
+            store = f"state:{pipeline.state_bucket}/{node.name} ({node.state.describe()})"
+            lines.append(f"  {box(store, 'db')}")
+            lines.append(f"  {entry(node)} -. snapshots .-> {node_id(store)}")
+        if node.kind == "lookup" and node.lookup_spec is not None:
+            bucket = f"kv:{node.lookup_spec.bucket}"
+            lines.append(f"  {box(bucket, 'db')}")
+            lines.append(f"  {node_id(bucket)} -. lookups .-> {entry(node)}")
     lines.append(f"  {node_id(tracker)} -. acks .-> {node_id(conn)}")
     return "\n".join(lines) + "\n"

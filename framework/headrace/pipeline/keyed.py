@@ -25,6 +25,7 @@ import attrs
 
 from headrace.pipeline.errors import PipelineError
 from headrace.state.aggregates import Aggregate
+from headrace.state.joins import HOWS, LEFT, RIGHT, How, join_sides, pairs
 from headrace.state.keyed import StatefulFn, fold_fn, reduce_fn
 from headrace.state.windows import SessionWindow, SlidingWindow, TumblingWindow
 
@@ -34,7 +35,12 @@ class Chain(Protocol):
     ``Node``, named this way so that this module need not import the graph, which imports
     it)."""
 
+    @property
+    def pipeline(self) -> Any: ...
+
     def _then(self, kind: Any, fn: Any, name: str | None, **kw: Any) -> Any: ...
+
+    def map(self, fn: Callable[[Any], Any], *, name: str | None = None) -> Any: ...
 
 
 Assigner = TumblingWindow | SlidingWindow | SessionWindow
@@ -82,6 +88,14 @@ class StateSpec:
     max_keys: int | None = None
     snapshot_interval: float = SNAPSHOT_INTERVAL
     snapshot_every: int | None = None
+
+    def describe(self) -> str:
+        """One line for ``headrace graph``: what it keeps, by which rule."""
+        if self.kind == "window":
+            assigner = type(self.assigner).__name__.removesuffix("Window").lower()
+            return f"{assigner} windows, lateness {self.lateness:g}s"
+        ttl = f", ttl {self.ttl:g}s" if self.ttl is not None else ""
+        return f"keyed state{ttl}"
 
 
 class KeyedStream:
@@ -217,3 +231,101 @@ class KeyedStream:
             snapshot_every=snapshot_every,
         )
         return self._add(name, "window", spec)
+
+    def join(
+        self,
+        other: KeyedStream,
+        assigner: Assigner,
+        *,
+        how: How = "inner",
+        event_time: EventTime | tuple[EventTime, EventTime] = "stored",
+        lateness: float | dt.timedelta = 0.0,
+        idle: float | dt.timedelta | None = None,
+        name: str | None = None,
+        max_keys: int | None = None,
+        snapshot_interval: float = SNAPSHOT_INTERVAL,
+    ) -> Any:
+        """A windowed join with ``other``: for each key and each of ``assigner``'s windows,
+        every pair of a value of this side with a value of the other, as
+        :class:`~headrace.state.Joined` records, once the window closes (``how``: ``"inner"``,
+        ``"left"``, ``"right"``, ``"outer"``; headrace/state/joins.py). ``event_time`` is one
+        rule for both sides or a pair (this side's, the other's). Built as a merge of both
+        sides tagged with their side, one window operator keyed by each side's key, and a
+        flat_map of the closed windows into pairs: exactly once, late records dead-lettered,
+        as for any window."""
+        if not isinstance(other, KeyedStream):
+            raise PipelineError(f"join needs another key_by(...) stream, not {other!r}")
+        if how not in HOWS:
+            raise PipelineError(f"how must be one of {', '.join(HOWS)}, not {how!r}")
+        label = name or "join"
+        times = event_time if isinstance(event_time, tuple) else (event_time, event_time)
+        for rule in times:
+            if not (callable(rule) or rule in ("stored", "processing")):
+                raise PipelineError(
+                    f"join {label!r}: event_time must be a function of the value, 'stored' or "
+                    f"'processing', not {rule!r}"
+                )
+        if callable(times[0]) != callable(times[1]) or (
+            not callable(times[0]) and times[0] != times[1]
+        ):
+            raise PipelineError(
+                f"join {label!r}: both sides need the same kind of event time (two functions, "
+                "or the same 'stored' or 'processing')"
+            )
+        keys = (self.key, other.key)
+        left = self.node.map(_Tag(LEFT), name=f"{label}-left")
+        right = other.node.map(_Tag(RIGHT), name=f"{label}-right")
+        merged = self.node.pipeline.merge(left, right, name=f"{label}-sides")
+        windowed = KeyedStream(merged, _SideKey(keys)).window(
+            assigner,
+            join_sides(),
+            event_time=_SideTime(times) if callable(times[0]) else times[0],
+            lateness=lateness,
+            idle=idle,
+            name=label,
+            max_keys=max_keys,
+            snapshot_interval=snapshot_interval,
+        )
+        return windowed.flat_map(_Pairs(how), name=f"{label}-pairs")
+
+
+class _Tag:
+    """Tags a value with its side of a join (a class, not a lambda: it reads in a graph)."""
+
+    def __init__(self, side: int) -> None:
+        self.side = side
+        self.__name__ = "left" if side == LEFT else "right"
+
+    def __call__(self, value: Any) -> tuple[int, Any]:
+        return (self.side, value)
+
+
+class _SideKey:
+    """The key of a tagged value: its own side's key function."""
+
+    def __init__(self, keys: tuple[Callable[[Any], Any], Callable[[Any], Any]]) -> None:
+        self.keys = keys
+
+    def __call__(self, tagged: tuple[int, Any]) -> Any:
+        return self.keys[tagged[0]](tagged[1])
+
+
+class _SideTime:
+    """The event time of a tagged value: its own side's rule."""
+
+    def __init__(self, rules: tuple[Any, Any]) -> None:
+        self.rules = rules
+
+    def __call__(self, tagged: tuple[int, Any]) -> Any:
+        return self.rules[tagged[0]](tagged[1])
+
+
+class _Pairs:
+    """A closed window of the join into its pairs."""
+
+    def __init__(self, how: How) -> None:
+        self.how = how
+        self.__name__ = "pairs"
+
+    def __call__(self, result: Any) -> list[Any]:
+        return pairs(result, self.how)

@@ -21,11 +21,12 @@ from headrace.jetstream.kv import check_bucket_name
 from headrace.pipeline.batch import BatchPolicy
 from headrace.pipeline.errors import PipelineError
 from headrace.pipeline.keyed import KeyedStream, StateSpec
+from headrace.pipeline.lookup import LookupSpec, Missing
 from headrace.pipeline.sink_retry import SinkRetry
 from headrace.pipeline.source import JetStreamSource
 from headrace.state.snapshots import DEFAULT_STATE_BUCKET
 
-Kind = Literal["source", "map", "filter", "flat_map", "merge", "stateful", "sink"]
+Kind = Literal["source", "map", "filter", "flat_map", "merge", "stateful", "lookup", "sink"]
 Ordering = Literal["all", "subject", "none"]
 OPERATORS = ("map", "filter", "flat_map")
 
@@ -49,6 +50,8 @@ class Node:
     on_error: Literal["nak", "crash"] = "nak"
     #: stateful operators (``key_by(...).window(...)`` and the like: pipeline/keyed.py)
     state: StateSpec | None = None
+    #: lookups (``lookup(bucket, ...)``: pipeline/lookup.py)
+    lookup_spec: LookupSpec | None = None
     #: sinks
     sink_obj: Any = None
     batch: BatchPolicy = attrs.field(factory=BatchPolicy)
@@ -136,6 +139,24 @@ class Node:
             on_error=on_error,
             restart=restart or Escalate(),
         )
+
+    def lookup(
+        self,
+        bucket: str,
+        *,
+        key: Callable[[Any], str],
+        into: Callable[[Any, Any], Any],
+        decode: Callable[[bytes], Any] | None = None,
+        missing: Missing = "keep",
+        name: str | None = None,
+    ) -> Node:
+        """Join each record with the current value of ``key(value)`` in KV bucket ``bucket``:
+        the record's value becomes ``into(value, found)``, ``found`` being the entry's bytes
+        (decoded by ``decode`` if given), or None for a key without a value (``missing="keep"``;
+        ``"drop"`` ends such a record, ``"fail"`` fails it). A whole batch's keys are read in
+        one batched Direct Get."""
+        spec = LookupSpec(bucket=bucket, key=key, into=into, decode=decode, missing=missing)
+        return self._then("lookup", None, name or f"lookup-{bucket}", lookup_spec=spec)
 
     def key_by(self, key: Callable[[Any], Any]) -> KeyedStream:
         """Key the records by ``key(value)`` for the stateful operators that follow

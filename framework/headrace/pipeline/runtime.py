@@ -47,6 +47,7 @@ from headrace.pipeline.caught_up import (
 )
 from headrace.pipeline.describe import mermaid
 from headrace.pipeline.errors import PipelineEnded
+from headrace.pipeline.lookup_stage import LookupStage
 from headrace.pipeline.publish_guard import PublishGuard
 from headrace.pipeline.sink import SinkContext
 from headrace.pipeline.sink_retry import SinkOutage
@@ -136,6 +137,8 @@ class PipelineRun:
                 continue
             elif node.kind == "stateful":
                 stage = StatefulStage(node, self.tracker, self)
+            elif node.kind == "lookup":
+                stage = LookupStage(node, self.tracker, self.js)
             else:
                 stage = OperatorStage(node, self.tracker)
             self.stages[stage.name] = stage

@@ -117,6 +117,18 @@ class Stage(Actor[Item]):
         self._ends += 1
         return self._ends >= max(len(self.node.upstream), 1)
 
+    async def next_batch(self) -> list[Record] | None:
+        """The next batch of the inbox; None once every upstream has ended (the END has been
+        passed on by then)."""
+        inbox = self.inbox
+        while True:
+            item = await inbox.receive()
+            if not isinstance(item, _End):
+                return item
+            if self.ended():
+                await self.forward_end()
+                return None
+
 
 class SourceStage(Stage):
     """Consumes a JetStream consumer and admits its messages as records."""
@@ -271,14 +283,7 @@ class OperatorStage(Stage):
         self._in_place = node.kind == "map" and not node.record and _exclusive(node)
 
     async def run(self) -> None:
-        inbox = self.inbox
-        while True:
-            item = await inbox.receive()
-            if isinstance(item, _End):
-                if self.ended():
-                    await self.forward_end()
-                    return
-                continue
+        while (item := await self.next_batch()) is not None:
             if self.node.kind == "merge":
                 await self.forward(item)
                 continue

@@ -26,6 +26,7 @@ from headrace.state.errors import (
     StateFenced,
     StateLimitExceeded,
 )
+from headrace.state.joins import Joined
 from headrace.state.keyed import KeyedOperator
 from headrace.state.snapshots import DEFAULT_STATE_BUCKET, SnapshotHead, SnapshotStore
 from headrace.state.windows import (
@@ -48,6 +49,7 @@ __all__ = [
     "Aggregate",
     "Duration",
     "Instant",
+    "Joined",
     "KeyedOperator",
     "LateRecord",
     "SessionWindow",
