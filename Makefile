@@ -46,7 +46,8 @@ docs: $(STAMP)
 ## headrace and the anchors pull the same window, at the ADR-37 default (1000) and at 10000.
 ## `bench spark` reads the stream through the jetstream Spark data source (streaming and
 ## batch) against the pipeline into SparkSink; `bench range-read` compares a source task's
-## batched Direct Gets with consumers (no Spark).
+## batched Direct Gets with consumers (no Spark); `bench windows` counts 1M clicks per user and
+## minute through a window operator against Bytewax (a dependency of bench/).
 bench: $(STAMP)
 	$(BIN)/headrace bench core
 	$(BIN)/headrace bench consume --anchors --buffer 1000
@@ -56,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/headrace bench scale
 	$(BIN)/headrace bench spark
 	$(BIN)/headrace bench range-read
+	$(BIN)/headrace bench windows
 
 ## The peers' own figures on this machine (nats-py, nats.js, libnats), for context.
 anchors: $(STAMP)
