@@ -1,9 +1,9 @@
 """``headrace``: the command-line entry point.
 
-The built-in subcommands (``run``, ``graph``, ``checkpoints``, ``outputs``) each live in their
-own module and register their parser here. Other distributions add theirs through the
-``headrace.commands`` entry-point group (:mod:`headrace.cli.plugins`): the Spark plugin's
-``demo`` and the benchmarks' ``bench``.
+The built-in subcommands (``run``, ``graph``, ``checkpoints``, ``outputs``, ``state``, ...)
+each live in their own module and register their parser here. Other distributions add theirs
+through the ``headrace.commands`` entry-point group (:mod:`headrace.cli.plugins`): the Spark
+plugin's ``demo`` and the benchmarks' ``bench``.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         run,
         server,
         sinks,
+        state,
         stream,
     )
 
@@ -74,6 +75,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     run.add_parser(commands)
     graph.add_parser(commands)
     outputs.add_parser(commands)
+    state.add_parser(commands)
     server.add_parser(commands)
     stream.add_parser(commands)
     pub.add_parser(commands)

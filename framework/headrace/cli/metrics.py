@@ -22,6 +22,7 @@ import trio
 
 from headrace._version import __version__
 from headrace.actors.actor import ActorState
+from headrace.pipeline.stats import STATEFUL
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_REQUEST_HEAD = 16 * 1024
@@ -185,6 +186,9 @@ def render(snap: Snapshot) -> str:
             for state in states
         )
     metric("headrace_actor_state", "gauge", help_, samples)
+    state = stats.get(STATEFUL) or {}
+    if state:
+        _state_metrics(out, metric, label, state)
     if snap.workers is not None:
         metric(
             "headrace_workers",
@@ -199,6 +203,73 @@ def render(snap: Snapshot) -> str:
             [(label, snap.worker_restarts)],
         )
     return "\n".join(out) + "\n"
+
+
+#: Stateful operator figure -> (metric, type, help); each labelled with the operator.
+STATE_METRICS: dict[str, tuple[str, str, str]] = {
+    "keys": (
+        "headrace_state_keys",
+        "gauge",
+        "Keys a stateful operator holds state of (windows: keys with an open window).",
+    ),
+    "open_windows": ("headrace_state_open_windows", "gauge", "Windows not closed yet."),
+    "watermark_lag": (
+        "headrace_state_watermark_lag_seconds",
+        "gauge",
+        "The newest event time less the watermark (about the lateness).",
+    ),
+    "event_time_lag": (
+        "headrace_state_event_time_lag_seconds",
+        "gauge",
+        "The wall clock less the watermark: how far event time is behind.",
+    ),
+    "late": (
+        "headrace_state_late_records_total",
+        "counter",
+        "Records that came behind the watermark (dead-lettered, never counted).",
+    ),
+    "held": (
+        "headrace_state_held_messages",
+        "gauge",
+        "Messages taken into the state and not yet in a snapshot (acked after the next).",
+    ),
+    "results_pending": (
+        "headrace_state_results_pending",
+        "gauge",
+        "Results (window results, map outputs) not yet known to be committed by the sinks.",
+    ),
+    "snapshots": ("headrace_state_snapshots_total", "counter", "Snapshots saved to KV."),
+    "snapshot_bytes": (
+        "headrace_state_snapshot_bytes",
+        "gauge",
+        "The size of the last snapshot saved (compressed).",
+    ),
+}
+
+
+def _state_metrics(
+    out: list[str],
+    metric: Callable[[str, str, str, list[tuple[str, float]]], None],
+    label: str,
+    state: dict[str, dict[str, Any]],
+) -> None:
+    """The stateful operators' metrics, labelled ``operator``; a figure that is None (no
+    watermark yet) leaves its sample out."""
+    operators = sorted(state.items())
+    for key, (name, kind, help_) in STATE_METRICS.items():
+        samples = [
+            (f'{label},operator="{_escape(op)}"', figures[key])
+            for op, figures in operators
+            if figures.get(key) is not None
+        ]
+        metric(name, kind, help_, samples)
+    name = "headrace_state_snapshot_seconds"
+    out.append(f"# HELP {name} Time stateful operators took to save snapshots, summed.")
+    out.append(f"# TYPE {name} summary")
+    for op, figures in operators:
+        labels = f'{label},operator="{_escape(op)}"'
+        out.append(f"{name}_sum{{{labels}}} {_number(float(figures.get('snapshot_seconds', 0.0)))}")
+        out.append(f"{name}_count{{{labels}}} {_number(figures.get('snapshots', 0))}")
 
 
 # -- the HTTP server --------------------------------------------------------------------------

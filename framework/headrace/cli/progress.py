@@ -7,7 +7,9 @@ error by default, so that standard output stays free for a sink that writes ther
 
 - :class:`LiveView` (a terminal): a block of lines redrawn in place; events are printed above it.
   It keeps the last ``error`` (:mod:`headrace.cli.failures`) and the last connection event
-  (:mod:`headrace.cli.connection`) in words, in its ``last`` and ``nats`` lines.
+  (:mod:`headrace.cli.connection`) in words, in its ``last`` and ``nats`` lines, and shows the
+  stateful operators (``stats["stateful"]``, :func:`headrace.pipeline.stats.state_figures`) in
+  its ``state`` lines when the pipeline has any.
 - :class:`PlainLines`: one ``key=value`` line per interval and per event, for log files
   (:class:`EventsOnly`: the event lines alone).
 - :class:`JsonLines`: one JSON object per line, ``{"ts", "event", "pipeline", ...}``; progress
@@ -29,6 +31,8 @@ from collections import Counter
 from typing import Any, TextIO
 
 import attrs
+
+from headrace.pipeline.stats import STATEFUL
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -84,6 +88,91 @@ def _ms(seconds: float) -> str:
 def _commit_avg(stats: dict[str, Any]) -> float:
     n = stats.get("batches_committed", 0)
     return stats.get("commit_seconds_total", 0.0) / n if n else 0.0
+
+
+def span_words(seconds: float) -> str:
+    """``0.5s``, ``42s``, ``3m20s``, ``5h12m``, ``3d4h``: a span in two units at most."""
+    if seconds < 0:
+        return "-" + span_words(-seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}".rstrip("0").rstrip(".") + "s"
+    s = int(seconds)
+    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if s >= size:
+            rest = (s % size) // subsize
+            return f"{s // size}{unit}" + (f"{rest}{sub}" if rest else "")
+    if s >= 60:
+        return f"{s // 60}m" + (f"{s % 60}s" if s % 60 else "")
+    return f"{s}s"
+
+
+def bytes_words(n: float) -> str:
+    """``512 B``, ``12.0 KiB``, ``3.4 MiB``."""
+    if n < 1024:
+        return f"{int(n)} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _state_of(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The stateful operators' figures in ``stats`` (``headrace.pipeline.stats.STATEFUL``)."""
+    found = stats.get(STATEFUL)
+    return found if isinstance(found, dict) else {}
+
+
+def _max_of(state: dict[str, dict[str, Any]], key: str) -> float | None:
+    values = [f[key] for f in state.values() if f.get(key) is not None]
+    return max(values) if values else None
+
+
+def _state_plain(state: dict[str, dict[str, Any]]) -> list[str]:
+    """The stateful operators in ``key=value`` fields: summed over them, the lags their
+    largest (left out before any watermark)."""
+    if not state:
+        return []
+
+    def total(key: str) -> int:
+        return sum(int(f.get(key) or 0) for f in state.values())
+
+    parts = [f"state_keys={total('keys')}", f"windows_open={total('open_windows')}"]
+    for key, field in (("watermark_lag", "wm_lag"), ("event_time_lag", "event_lag")):
+        value = _max_of(state, key)
+        if value is not None:
+            parts.append(f"{field}={value:.1f}s")
+    parts += [
+        f"late={total('late')}",
+        f"state_held={total('held')}",
+        f"results_pending={total('results_pending')}",
+        f"snapshots={total('snapshots')}",
+    ]
+    return parts
+
+
+def _state_line(name: str, f: dict[str, Any], width: int) -> str:
+    """One stateful operator in the live view: what matters most first, as the line may be
+    cut to the terminal's width."""
+    parts = [f"{f.get('keys', 0):,} keys"]
+    if f.get("kind") == "window":
+        parts.append(f"{f.get('open_windows', 0):,} windows open")
+        lag, behind = f.get("watermark_lag"), f.get("event_time_lag")
+        if lag is None:
+            parts.append("no watermark yet")
+        else:
+            clock = f" ({span_words(behind)} behind the clock)" if behind is not None else ""
+            parts.append(f"wm lag {span_words(lag)}{clock}")
+    snapshots = f.get("snapshots", 0)
+    avg = f.get("snapshot_seconds", 0.0) / snapshots if snapshots else 0.0
+    parts += [
+        f"late {f.get('late', 0):,}",
+        f"held {f.get('held', 0):,}",
+        f"pending {f.get('results_pending', 0):,}",
+        f"snapshots {snapshots:,} (last {bytes_words(f.get('snapshot_bytes', 0))}, avg {_ms(avg)})",
+    ]
+    return f"    {name:<{width}}  " + ", ".join(parts)
 
 
 def _plain_value(value: Any) -> str:
@@ -170,6 +259,7 @@ class PlainLines(Reporter):
             f"commit_avg={_ms(_commit_avg(s))}",
             f"actors_running={running}/{len(states)}",
         ]
+        parts[-1:-1] = _state_plain(_state_of(s))
         if "connected" in s:
             parts[-1:-1] = [f"connected={s['connected']}", f"reconnects={s.get('reconnects', 0)}"]
         if others:
@@ -246,6 +336,7 @@ class LiveView(Reporter):
             f"   sink retries {s.get('sink_retries', 0):,}"
             f"   terminated unkept {s.get('terminated_unkept', 0):,}",
             *([f"  last    {self._last_error}"] if self._last_error else []),
+            *self._state_lines(_state_of(s)),
             *self._connection_lines(s, len(sample.workers)),
             *self._worker_lines(sample.workers),
             "  actors",
@@ -257,6 +348,21 @@ class LiveView(Reporter):
         for name, state in sample.states.items():
             lines.append(f"    {name:<{name_width}}  {state}")
         return [line[:width] for line in lines]
+
+    @staticmethod
+    def _state_lines(state: dict[str, dict[str, Any]]) -> list[str]:
+        if not state:
+            return []
+        windows = sum(int(f.get("open_windows") or 0) for f in state.values())
+        late = sum(int(f.get("late") or 0) for f in state.values())
+        head = f"  state   {len(state):>12,} stateful   windows {windows:,} open"
+        lag = _max_of(state, "watermark_lag")
+        if lag is not None:
+            head += f", wm lag {span_words(lag)}"
+        lines = [head + f", late {late:,}"]
+        width = max(len(name) for name in state)
+        lines.extend(_state_line(name, f, width) for name, f in sorted(state.items()))
+        return lines
 
     def _connection_lines(self, s: dict[str, Any], workers: int) -> list[str]:
         if "connected" not in s:

@@ -72,7 +72,7 @@ from headrace.pipeline.caught_up import NotCaughtUp
 from headrace.pipeline.gc_tuning import restore_gc, tune_gc
 from headrace.pipeline.graph import Pipeline, PipelineError
 from headrace.pipeline.runtime import PipelineRun, StageError
-from headrace.pipeline.stats import Failure, PipelineStats
+from headrace.pipeline.stats import STATEFUL, Failure, PipelineStats, state_figures
 from headrace.shutdown import (
     SAME_REQUEST_WINDOW,
     STOP_SIGNALS,
@@ -309,7 +309,13 @@ class Runner:
 
     def _stats(self) -> dict[str, Any]:
         stats = self.run.stats if self.run is not None else PipelineStats()
-        return {**stats.snapshot(), **self.connection.figures()}
+        found = {**stats.snapshot(), **self.connection.figures()}
+        if self.run is not None:
+            # The stateful operators' figures, by operator: only for pipelines that have some.
+            state = state_figures(self.run.stages, time.time())
+            if state:
+                found[STATEFUL] = state
+        return found
 
     def _states(self) -> dict[str, str]:
         return self.run.states() if self.run is not None else {}

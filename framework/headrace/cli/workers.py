@@ -86,7 +86,7 @@ from headrace.cli.metrics import Snapshot, start_serving
 from headrace.cli.options import PASSWORD_ENV, TOKEN_ENV
 from headrace.cli.progress import Reporter, Sample, WorkerStatus
 from headrace.pipeline.graph import Pipeline
-from headrace.pipeline.stats import PipelineStats
+from headrace.pipeline.stats import STATEFUL, PipelineStats
 from headrace.shutdown import (
     SAME_REQUEST_WINDOW,
     STOP_SIGNALS,
@@ -307,6 +307,9 @@ def combine_stats(
         reports = [(w.last, w.last_fresh) for w in workers if w.last is not None]
     for level in SUMMED_LEVELS:
         total[level] = sum(stats[level] for stats, _ in reports if _is_number(stats.get(level)))
+    state = _merge_state(stats for stats, _ in reports)
+    if state:
+        total[STATEFUL] = state
     for key in FRESHEST:
         fresh = [(at[key], stats[key]) for stats, at in reports if key in at]
         if not fresh:
@@ -316,6 +319,22 @@ def combine_stats(
             value = min(v for at, v in fresh if at >= newest - window)
         total[key] = value
     return total
+
+
+def _merge_state(reports: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The stateful operators' figures over the workers: per operator, those of the worker
+    with its newest snapshot (the one that owns its state: another is fenced off at its next
+    snapshot). Not carried over when a process ends: the next owner's counts start afresh."""
+    merged: dict[str, dict[str, Any]] = {}
+    for stats in reports:
+        found = stats.get(STATEFUL)
+        if not isinstance(found, dict):
+            continue
+        for name, figures in found.items():
+            mine = merged.get(name)
+            if mine is None or figures.get("epoch", 0) > mine.get("epoch", 0):
+                merged[name] = figures
+    return merged
 
 
 def merge_states(per_worker: Iterable[dict[str, str]]) -> dict[str, str]:

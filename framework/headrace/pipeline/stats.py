@@ -13,7 +13,7 @@ through which ``headrace run`` turns failures into events.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -147,3 +147,32 @@ class PipelineStats:
 
     def snapshot(self) -> dict[str, Any]:
         return attrs.asdict(self, filter=_not_snapshot)
+
+
+#: The prefix of a stateful operator's stage name (``stateful:<node>``).
+STATEFUL_PREFIX = "stateful:"
+#: The key of :func:`state_figures` in the stats ``headrace run`` reports (progress, metrics),
+#: present when the pipeline has stateful operators.
+STATEFUL = "stateful"
+
+
+def state_figures(stages: Mapping[str, Any], now: float) -> dict[str, dict[str, Any]]:
+    """The figures of the stateful operators among ``stages`` (a run's ``stages``), by
+    operator name: their :class:`~headrace.pipeline.stateful.StateStats`, and two lags of the
+    watermark (seconds; None before it exists): ``watermark_lag``, the newest event time less
+    the watermark (about the lateness, more while records come out of order), and
+    ``event_time_lag``, ``now`` (Unix time) less the watermark (how far event time is behind
+    the clock: large while old data is replayed)."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, stage in stages.items():
+        stats = getattr(stage, "stats", None)
+        if not name.startswith(STATEFUL_PREFIX) or stats is None:
+            continue
+        figures: dict[str, Any] = attrs.asdict(stats)
+        spec = getattr(stage, "spec", None)
+        figures["kind"] = getattr(spec, "kind", None)
+        mark, newest = figures.get("watermark"), figures.get("max_event_time")
+        figures["watermark_lag"] = None if mark is None or newest is None else newest - mark
+        figures["event_time_lag"] = None if mark is None else now - mark
+        found[name.removeprefix(STATEFUL_PREFIX)] = figures
+    return found

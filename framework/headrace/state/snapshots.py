@@ -79,7 +79,8 @@ class SnapshotHead:
     """What the head key says: the current snapshot's epoch (1 for the first), its chunks,
     size and digest, its lineage (when the state began: a reset starts a new one, which the
     results' identity carries, so a sink tells results of a new state from the old one) and
-    when it was saved."""
+    when it was saved. ``pipeline`` and ``operator`` name whose state it is (the key holds
+    them as tokens, which may be hashes); empty in heads written before they were kept."""
 
     epoch: int
     token: str
@@ -89,6 +90,8 @@ class SnapshotHead:
     lineage: str
     saved: str
     format: int = FORMAT
+    pipeline: str = ""
+    operator: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(attrs.asdict(self), sort_keys=True).encode()
@@ -152,9 +155,11 @@ class SnapshotStore:
     def _chunk_key(self, epoch: int, token: str, i: int) -> str:
         return f"{self.prefix}.e{epoch}-{token}.{i}"
 
-    async def load(self) -> bytes | None:
+    async def load(self, *, sweep: bool = True) -> bytes | None:
         """The current snapshot's bytes, or None when the operator has none yet; remembers
-        the head for the next :meth:`save`'s compare-and-set."""
+        the head for the next :meth:`save`'s compare-and-set. ``sweep=False`` leaves other
+        chunks alone: for a reader that does not own the state (``headrace state show``),
+        where they may be a running worker's save in progress."""
         try:
             entry = await retry_transient(lambda: self.kv.get(self.head_key))
         except KeyNotFound:
@@ -175,7 +180,8 @@ class SnapshotStore:
                 f"{self.where}: snapshot epoch {head.epoch} does not match its digest"
             )
         self.head, self.revision = head, entry.revision
-        await self._sweep(head)
+        if sweep:
+            await self._sweep(head)
         return payload
 
     async def save(self, payload: bytes, lineage: str) -> SnapshotHead:
@@ -196,6 +202,8 @@ class SnapshotStore:
             digest=hashlib.sha256(payload).hexdigest(),
             lineage=lineage,
             saved=_now_iso(),
+            pipeline=self.pipeline,
+            operator=self.operator,
         )
         try:
             self.revision = await self._move_head(head)
