@@ -373,3 +373,13 @@ async def test_a_lookup_enriches_each_record_from_kv_and_drops_or_keeps_the_miss
         }
         assert got == want
         assert stats.acks == len(evs)
+
+
+async def test_the_in_memory_harness_refuses_a_stateful_pipeline_in_words():
+    from headrace.pipeline import PipelineError
+    from headrace.testing import TestMessage, run_pipeline
+
+    pipe, _ = windowed("memory")
+    with pytest.raises(PipelineError, match="real=True"):
+        async with run_pipeline(pipe, [TestMessage("clicks.u1", b"{}")], real=False):
+            pass

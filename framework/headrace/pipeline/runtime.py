@@ -167,6 +167,14 @@ class PipelineRun:
                 if node in self.pipeline.sources_of(sink):
                     self.pipeline.check_batch_fits(sink, node, limit)
 
+    def replays_in_order(self, source: Node) -> bool:
+        """Whether ``source`` feeds a stateful operator, whose watermark needs what a dead
+        worker held back before anything newer (``SourceStage._wait_for_redeliveries``)."""
+        return any(
+            n.kind == "stateful" and source in self.pipeline.sources_of(n)
+            for n in self.pipeline.nodes
+        )
+
     def sink_context(self, sink: Node) -> SinkContext:
         """What sink ``sink`` is told of where it runs (its ``bind``): the pipeline, the
         connection, and the consumers of the sources that feed it."""

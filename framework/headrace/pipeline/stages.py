@@ -13,7 +13,9 @@ module): a source and a sink stage are given a host that does what :class:`Sourc
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
+import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,6 +27,7 @@ from headrace.commits.errors import OutputConflict
 from headrace.errors import SubscriptionClosedError
 from headrace.jetstream.errors import JetStreamError, JetStreamUnavailable
 from headrace.jetstream.transient import is_transient
+from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT
 from headrace.pipeline.batch import Batch
 from headrace.pipeline.record import Record
 from headrace.pipeline.sink import SinkContext, SinkRunner
@@ -44,6 +47,11 @@ INBOX_BATCHES = 8
 BIND_DEADLINE = 60.0
 #: A sink with nothing to write for this long (seconds) is given a turn at its upkeep.
 MAINTAIN_IDLE = 1.0
+#: How long after the ack wait of messages a dead worker held a stateful pipeline's source
+#: still waits before its first pull (the server's check of expired acks runs on a timer).
+REDELIVERY_MARGIN = 1.0
+
+log = logging.getLogger("headrace.pipeline")
 
 
 class SourceHost(Protocol):
@@ -61,6 +69,8 @@ class SourceHost(Protocol):
     def max_in_flight(self, source: Node) -> int: ...
 
     def bound(self, source: SourceStage, info: ConsumerInfo) -> None: ...
+
+    def replays_in_order(self, source: Node) -> bool: ...
 
 
 class SinkHost(Protocol):
@@ -207,6 +217,8 @@ class SourceStage(Stage):
                 delete_policy=spec.delete_policy,
             ) as sub:
                 self.subscription = sub
+                if self.run_.replays_in_order(self.node):
+                    await self._wait_for_redeliveries(sub.consumer.cached_info)
                 async with sub.consume(spec.consume_options()) as messages:
                     self.buffer = messages
                     self.run_.bound(self, sub.consumer.cached_info)
@@ -223,6 +235,33 @@ class SourceStage(Stage):
                 self.run_.bound(self, sub.info)
                 await self._pump(sub, tracker)
         await self.forward_end()
+
+    async def _wait_for_redeliveries(self, info: ConsumerInfo) -> None:
+        """Before the first pull of a source feeding a stateful operator: if the consumer has
+        messages delivered and not acked (a worker before this one died holding them), wait
+        until their ack wait has passed, so that the server hands them out again before
+        anything newer (it serves redeliveries first). Otherwise this worker would take newer
+        messages for up to an ack wait first, moving the watermark ahead of the ones it will
+        get back, which would then be late (found by tests/state/test_stateful_faults.py: 2,503
+        records dead-lettered with a lateness of 600 s after one kill). Every message pending
+        was delivered at or before the consumer's last delivery, so that plus the ack wait
+        bounds the wait; a drain asked meanwhile ends it."""
+        if not info.num_ack_pending:
+            return
+        ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
+        last = info.delivered.last_active
+        waited = 0.0 if last is None else (dt.datetime.now(dt.UTC) - last).total_seconds()
+        wait = max(0.0, ack_wait - max(waited, 0.0)) + REDELIVERY_MARGIN
+        log.info(
+            "source %s: %d messages of consumer %s are held by a worker that is gone; waiting "
+            "%.1fs for them to come back first (stateful pipelines replay in stream order)",
+            self.node.name,
+            info.num_ack_pending,
+            info.name,
+            wait,
+        )
+        with trio.move_on_after(wait):
+            await self._drain_requested.wait()
 
     async def _pump(self, messages: Any, tracker: AckTracker) -> None:
         name = self.node.name

@@ -41,6 +41,7 @@ from headrace.jetstream.errors import InvalidAckReply, StreamLookupError, Stream
 from headrace.jetstream.stream_config import StreamConfig
 from headrace.localserver import LocalServer
 from headrace.nats import connect
+from headrace.pipeline.errors import PipelineError
 from headrace.pipeline.runtime import PipelineRun
 from headrace.protocol.headers import Headers
 from headrace.testing.memory import (
@@ -364,6 +365,12 @@ def _replaced_sinks(pipe: Pipeline, sinks: Mapping[str, Any]) -> Iterator[None]:
 async def _in_memory(
     pipe: Pipeline, batch: list[TestMessage], subjects: dict[str, Sequence[str]]
 ) -> AsyncIterator[TestRun]:
+    kept = [n.name for n in pipe.nodes if n.kind in ("stateful", "lookup")]
+    if kept:
+        raise PipelineError(
+            f"pipeline {pipe.name!r}: {', '.join(kept)} keep state or read KV, which the "
+            "in-memory mode does not model; run it with real=True (a private nats-server)"
+        )
     store = MemoryStreams()
     conn = MemoryConnection()
     js = MemoryJetStream(store, conn)
