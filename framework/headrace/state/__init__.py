@@ -20,6 +20,7 @@ from headrace.state.aggregates import (
 )
 from headrace.state.errors import (
     LateRecord,
+    LeaseError,
     SnapshotCorrupt,
     StateConflict,
     StateError,
@@ -28,6 +29,7 @@ from headrace.state.errors import (
 )
 from headrace.state.joins import Joined
 from headrace.state.keyed import KeyedOperator
+from headrace.state.leases import LeaseChanges, LeaseTable, PartitionLeases
 from headrace.state.snapshots import DEFAULT_STATE_BUCKET, SnapshotHead, SnapshotStore
 from headrace.state.windows import (
     Duration,
@@ -52,6 +54,10 @@ __all__ = [
     "Joined",
     "KeyedOperator",
     "LateRecord",
+    "LeaseChanges",
+    "LeaseError",
+    "LeaseTable",
+    "PartitionLeases",
     "SessionWindow",
     "SlidingWindow",
     "SnapshotCorrupt",

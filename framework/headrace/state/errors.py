@@ -45,6 +45,13 @@ class StateLimitExceeded(StateConflict):
     windows or the key TTL, or partition the keys over more workers."""
 
 
+class LeaseError(StateConflict):
+    """The leases on a pipeline's partitions cannot be trusted: a lease or member record in
+    the bucket does not decode, or a worker holds a partition under another number of
+    partitions (workers that split the keys differently would each own a key). Stopping is
+    better than owning a key twice."""
+
+
 class LateRecord(StateError, ValueError):
     """A record whose event time was below the operator's watermark when it came: every window
     it belongs to may already have been emitted. It is dead-lettered with this as its reason,
