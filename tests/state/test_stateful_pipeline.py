@@ -30,7 +30,7 @@ from headrace.state import (
     count,
     to_micros,
 )
-from headrace.state.errors import StateFenced
+from headrace.state.errors import StateFenced, StateStreamRecreated
 from headrace.state.snapshots import SnapshotStore
 
 BASE = 1_700_000_000.0  # event time of event 0 (seconds)
@@ -383,3 +383,20 @@ async def test_the_in_memory_harness_refuses_a_stateful_pipeline_in_words():
     with pytest.raises(PipelineError, match="real=True"):
         async with run_pipeline(pipe, [TestMessage("clicks.u1", b"{}")], real=False):
             pass
+
+
+async def test_a_stream_created_again_under_its_state_is_refused_in_words(nats_server):
+    """The state's sequences name the old stream's messages: on the new stream they would
+    skip new messages as taken. The run fails with StateStreamRecreated instead."""
+    await load(nats_server.url, events(100, seed=19))
+    pipe, _ = windowed("recreated")
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+        js = JetStream(nc)
+        await js.delete_stream("CLICKS")
+    await load(nats_server.url, events(100, seed=20))
+    pipe, _ = windowed("recreated")
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60), pytest.raises(StateStreamRecreated, match="created again"):
+            await run_until_caught_up(pipe, nc)

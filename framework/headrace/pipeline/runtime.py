@@ -31,6 +31,7 @@ from headrace._run_registry import track_run
 from headrace._trio import BodyError, either
 from headrace.actors.actor import Actor
 from headrace.actors.supervision import ActorFailed, Escalate, RestartPolicy, supervise
+from headrace.commits.identity import StreamIdentity
 from headrace.jetstream.consumer_config import ConsumerInfo
 from headrace.jetstream.context import JetStream
 from headrace.jetstream.pause import ConsumerPause, PauseUntil, pause_deadline
@@ -62,7 +63,6 @@ from headrace.pipeline.stateful import StatefulStage
 from headrace.pipeline.stats import PipelineStats
 
 if TYPE_CHECKING:
-    from headrace.commits.identity import StreamIdentity
     from headrace.nats.connection import Connection
     from headrace.pipeline.nodes import Node, PipelineGraph
     from headrace.pipeline.record import Record
@@ -206,6 +206,16 @@ class PipelineRun:
         """The fewest messages a source feeding ``node`` may have in flight."""
         feeding = self.pipeline.sources_of(node)
         return min((self.max_in_flight(s) for s in feeding), default=1000)
+
+    async def stream_identities(self, node: Node) -> dict[str, str]:
+        """The creation time (ISO 8601) of each stream of a source feeding ``node``."""
+        found: dict[str, str] = {}
+        for source in self.pipeline.sources_of(node):
+            spec = source.source
+            if spec is not None and spec.stream not in found:
+                info = await self.js.stream_info(spec.stream)
+                found[spec.stream] = StreamIdentity.of(spec.stream, info.created).created
+        return found
 
     async def ack_floors(self) -> dict[str, int]:
         """Per stream, the lowest ack floor of the consumers of this run's sources on it."""

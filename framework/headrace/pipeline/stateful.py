@@ -47,6 +47,7 @@ from headrace.commits.identity import StreamIdentity, iso
 from headrace.commits.seqset import SeqSet
 from headrace.jetstream.ack_reply import AckMetadata
 from headrace.jetstream.message import JsMsg
+from headrace.jetstream.transient import retry_transient
 from headrace.pipeline.record import Record, ResultDelivery
 from headrace.pipeline.stages import Stage, _End
 from headrace.protocol.events import Msg
@@ -55,6 +56,7 @@ from headrace.state.errors import (
     SnapshotCorrupt,
     StateConflict,
     StateLimitExceeded,
+    StateStreamRecreated,
 )
 from headrace.state.keyed import KeyedOperator
 from headrace.state.snapshots import SnapshotStore
@@ -90,6 +92,8 @@ class StatefulHost(Protocol):
     def result_identities(self) -> dict[str, StreamIdentity]: ...
 
     async def ack_floors(self) -> Mapping[str, int]: ...
+
+    async def stream_identities(self, node: Node) -> dict[str, str]: ...
 
     def held_limit(self, node: Node) -> int: ...
 
@@ -159,6 +163,8 @@ class StatefulStage(Stage):
         self._sent_upto = 0
         self._last_record_at: float | None = None
         self._trimmed_at = 0.0
+        #: The creation time of each stream feeding the operator, kept in the snapshot.
+        self._streams: dict[str, str] = {}
         self._dirty = False
         #: Set while no snapshot is being saved (one at a time).
         self._saved = trio.Event()
@@ -179,6 +185,7 @@ class StatefulStage(Stage):
             self.host.js, self.host.pipeline_name, self.node.name, bucket=self.host.state_bucket
         )
         self._make_operator()
+        self._streams = await retry_transient(lambda: self.host.stream_identities(self.node))
         await self._restore()
         self.host.result_identities[self.result_stream] = StreamIdentity(
             self.result_stream, self.lineage
@@ -395,6 +402,7 @@ class StatefulStage(Stage):
             "windows": windows.snapshot() if windows is not None else None,
             "keyed": keyed.snapshot() if keyed is not None else None,
             "late": self.stats.late,
+            "streams": self._streams,
         }
 
     async def _restore(self) -> None:
@@ -409,6 +417,7 @@ class StatefulStage(Stage):
             state = pickle.loads(zlib.decompress(payload))
             if state["format"] > SNAPSHOT_FORMAT or state["kind"] != self.spec.kind:
                 raise ValueError(f"format {state['format']} of kind {state['kind']!r}")
+            self._check_streams(state.get("streams") or {})
             self._next_seq = state["next_seq"]
             self._pending = dict(state["pending"])
             self._taken = {name: SeqSet(ivs) for name, ivs in state["taken"].items()}
@@ -434,6 +443,20 @@ class StatefulStage(Stage):
             ) from exc
         self.stats.epoch = store.epoch
         self._note_stats()
+
+    def _check_streams(self, saved: Mapping[str, str]) -> None:
+        """The snapshot's sequences name messages of the streams as they were when it was
+        saved: a stream deleted and created again under the same name starts its sequences
+        over, and the state would skip its new messages as taken. Refused in words."""
+        for name, created in saved.items():
+            now = self._streams.get(name)
+            if now is not None and now != created:
+                raise StateStreamRecreated(
+                    f"{self.store.where if self.store else self.name}: stream {name!r} was "
+                    f"created again (at {now}; the state holds messages of the one created at "
+                    f"{created}): its sequences start over. `headrace state reset` starts the "
+                    "operator afresh"
+                )
 
     async def _trim(self) -> None:
         """Forget the sequences at or below each stream's ack floor: those never come

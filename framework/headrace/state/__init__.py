@@ -26,6 +26,7 @@ from headrace.state.errors import (
     StateError,
     StateFenced,
     StateLimitExceeded,
+    StateStreamRecreated,
 )
 from headrace.state.joins import Joined
 from headrace.state.keyed import KeyedOperator
@@ -67,6 +68,7 @@ __all__ = [
     "StateError",
     "StateFenced",
     "StateLimitExceeded",
+    "StateStreamRecreated",
     "TumblingWindow",
     "WindowAssigner",
     "WindowError",

@@ -39,6 +39,12 @@ class SnapshotCorrupt(StateConflict):
     does not match, a format from a newer headrace). ``headrace state reset`` starts over."""
 
 
+class StateStreamRecreated(StateConflict):
+    """A stream feeding the operator was deleted and created again since its state was saved:
+    the sequences the state took in name messages of the old stream, and new messages under
+    the same numbers would be skipped as taken. Reset the operator's state to start over."""
+
+
 class StateLimitExceeded(StateConflict):
     """The state grew past a limit the operator was given (``max_keys``): stopping is better
     than growing until the process is killed for its memory. Raise the limit, shorten the
