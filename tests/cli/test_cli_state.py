@@ -561,3 +561,14 @@ async def test_heads_name_their_operator_whatever_its_key(nats_server: Any) -> N
     done = await state(url, "show", "my pipeline", "per.minute", "--decode")
     assert done.returncode == 2
     assert b"the snapshot of my pipeline/per.minute (epoch 1) does not decode here" in done.stderr
+
+
+CLICKSTREAM = Path(__file__).resolve().parents[2] / "examples" / "clickstream_windows.py"
+
+
+async def test_run_refuses_several_workers_for_a_stateful_pipeline(nats_server) -> None:
+    """A second worker would be fenced off, restarted and fenced again: refused in words
+    before any starts (exit 2)."""
+    done = await run_headrace("run", str(CLICKSTREAM), "--nats", nats_server.url, "--workers", "2")
+    assert done.returncode == 2, done.stderr.decode()
+    assert b"keeps state (per-minute), which one worker owns" in done.stderr

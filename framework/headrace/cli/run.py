@@ -226,6 +226,15 @@ def command(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except PipelineError as exc:
         return _fail(f"invalid pipeline: {exc}")
+    stateful = [n.name for n in pipe.nodes if n.kind == "stateful"]
+    if args.workers is not None and args.workers > 1 and stateful:
+        # Each key's state lives in one process: a second worker would be fenced off at its
+        # first snapshot, fail, be restarted, and be fenced again (docs/state.md, "Limits").
+        return _fail(
+            f"--workers {args.workers}: pipeline {pipe.name!r} keeps state "
+            f"({', '.join(stateful)}), which one worker owns; run it with --workers 1 or "
+            "without --workers"
+        )
     logs = jsonlogs.active()
     if logs is not None:
         logs.pipeline = pipe.name
