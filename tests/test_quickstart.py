@@ -66,6 +66,9 @@ def test_the_blocks_are_the_ones_this_test_runs() -> None:
         ("python", "test_pipeline.py"),  # 6
         ("sh", None),  # 6 pytest
         ("sh", None),  # 7 workers
+        ("sh", None),  # 8 clicks
+        ("python", "windows.py"),  # 8
+        ("sh", None),  # 8 run, look, state
     ], "docs/quickstart.md changed its blocks: run the new ones in tests/test_quickstart.py"
 
 
@@ -173,5 +176,17 @@ def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
             code = _interrupt(workers)
         assert code == 0, workers.stderr.read() if workers.stderr else ""
         assert _orders(tmp_path / "orders.db") == 150  # each once
+
+        # 8. Clicks, the windowed pipeline: three windows written, the fourth kept in KV.
+        for line in page[8].lines:
+            _shell(line, tmp_path, env)
+        (tmp_path / page[9].title).write_text(page[9].code)  # type: ignore[operator]
+        run, look, state = page[10].lines
+        _shell(run, tmp_path, env, timeout=180)
+        assert _shell(look, tmp_path, env).strip() == (
+            "[('1970-01-01T00:00:00+00:00', 9), ('1970-01-01T00:00:10+00:00', 10), "
+            "('1970-01-01T00:00:20+00:00', 10)]"
+        )  # as the page says
+        assert "clicks-per-ten-seconds" in _shell(state, tmp_path, env)
     finally:
         assert _interrupt(server) == 0
