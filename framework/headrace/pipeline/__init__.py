@@ -31,6 +31,7 @@ from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
 from headrace.pipeline.graph import Node, Pipeline, PipelineError, run_until_caught_up
 from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.lookup import LookupMissing, LookupSpec
+from headrace.pipeline.partitions import Partitioning, partition_graph, run_partitioned
 from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
@@ -55,6 +56,7 @@ __all__ = [
     "LookupSpec",
     "Node",
     "NotCaughtUp",
+    "Partitioning",
     "Pipeline",
     "PipelineEnded",
     "PipelineError",
@@ -70,7 +72,9 @@ __all__ = [
     "StageError",
     "StateSpec",
     "StateStats",
+    "partition_graph",
     "restore_gc",
+    "run_partitioned",
     "run_until_caught_up",
     "tune_gc",
 ]
