@@ -88,6 +88,9 @@ class StateSpec:
     max_keys: int | None = None
     snapshot_interval: float = SNAPSHOT_INTERVAL
     snapshot_every: int | None = None
+    #: Inputs of a window whose watermark is the least of theirs (2 for a join: records are
+    #: ``(side, value)``); 1: the newest event time of all records.
+    sides: int = 1
 
     def describe(self) -> str:
         """One line for ``headrace graph``: what it keeps, by which rule."""
@@ -286,6 +289,9 @@ class KeyedStream:
             max_keys=max_keys,
             snapshot_interval=snapshot_interval,
         )
+        # The join's watermark is the least of the two sides' (pipeline/stateful.py): a side
+        # read ahead of the other does not make the other's records late.
+        windowed.state = attrs.evolve(windowed.state, sides=2)
         return windowed.flat_map(_Pairs(how), name=f"{label}-pairs")
 
 

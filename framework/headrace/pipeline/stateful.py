@@ -165,6 +165,8 @@ class StatefulStage(Stage):
         self._trimmed_at = 0.0
         #: The creation time of each stream feeding the operator, kept in the snapshot.
         self._streams: dict[str, str] = {}
+        #: The newest event time of each input (a join's two sides), kept in the snapshot.
+        self._side_max: list[int | None] = [None] * spec.sides
         self._dirty = False
         #: Set while no snapshot is being saved (one at a time).
         self._saved = trio.Event()
@@ -229,6 +231,7 @@ class StatefulStage(Stage):
             self._windows = WindowOperator(
                 spec.assigner, spec.aggregate, dt.timedelta(seconds=spec.lateness)
             )
+            self._windows.follow_events = spec.sides == 1
         else:
             assert spec.fn is not None
             self._keyed = KeyedOperator(
@@ -242,6 +245,7 @@ class StatefulStage(Stage):
         taken = self._taken
         held = self._held
         keyed, windows = self._keyed, self._windows
+        sides = spec.sides
         now_wall = time.time()
         late: list[tuple[Record, LateRecord]] = []
         failed: list[tuple[Record, BaseException]] = []
@@ -264,6 +268,8 @@ class StatefulStage(Stage):
                         # judged again (still late: the watermark never goes back).
                         late.append((record, self._late(t)))
                         continue
+                    if sides > 1:
+                        self._side_seen(windows, value[0], t)
                 else:
                     assert keyed is not None
                     output = keyed.apply(key, value, now_wall)
@@ -294,6 +300,19 @@ class StatefulStage(Stage):
         for record, problem in failed:
             self.tracker.failed([record], problem, self.name, self.node.name)
         self.stats.held = len(held)
+
+    def _side_seen(self, windows: WindowOperator, side: int, t: int) -> None:
+        """A record of input ``side`` at ``t``: the watermark of an operator of several inputs
+        is the least of their newest event times (less the lateness), so that an input read
+        ahead of another does not make the other's records late; none before every input
+        has had a record."""
+        newest = self._side_max
+        seen = newest[side]
+        if seen is None or t > seen:
+            newest[side] = t
+            known = [n for n in newest if n is not None]
+            if len(known) == len(newest):
+                windows.advance_to(min(known) - windows.lateness_us)
 
     def _event_time(self, record: Record, now_wall: float) -> int:
         source = self.spec.event_time
@@ -403,6 +422,7 @@ class StatefulStage(Stage):
             "keyed": keyed.snapshot() if keyed is not None else None,
             "late": self.stats.late,
             "streams": self._streams,
+            "sides": self._side_max,
         }
 
     async def _restore(self) -> None:
@@ -430,6 +450,8 @@ class StatefulStage(Stage):
                     dt.timedelta(seconds=spec.lateness),
                     state["windows"],
                 )
+                self._windows.follow_events = spec.sides == 1
+                self._side_max = list(state.get("sides") or self._side_max)
             if self._keyed is not None:
                 self._keyed.restore(state["keyed"])
             self.stats.late = state.get("late", 0)

@@ -391,6 +391,7 @@ class WindowOperator:
         "_size",
         "_slide",
         "_watermark",
+        "follow_events",
     )
 
     def __init__(
@@ -437,6 +438,10 @@ class WindowOperator:
             self._lo, self._hi = _MIN_US, _MAX_US - self._gap
         else:
             self._lo, self._hi = _MIN_US + self._size - 1, _MAX_US - self._size
+        #: Whether the newest event time moves the watermark (less the lateness). Off for an
+        #: operator of several inputs whose caller sets the watermark with
+        #: :meth:`advance_to` (a join: the least of its inputs' newest times).
+        self.follow_events = True
         self._watermark: int | None = None
         self._max_event: int | None = None
         self._late = 0
@@ -552,9 +557,10 @@ class WindowOperator:
         mx = self._max_event
         if mx is None or t_us > mx:
             self._max_event = t_us
-            moved = t_us - self._lateness
-            if wm is None or moved > wm:
-                self._watermark = moved
+            if self.follow_events:
+                moved = t_us - self._lateness
+                if wm is None or moved > wm:
+                    self._watermark = moved
         return True
 
     def _new_window(self, key: Any, start: int, entry: list[Any]) -> None:
