@@ -571,4 +571,4 @@ async def test_run_refuses_several_workers_for_a_stateful_pipeline(nats_server) 
     before any starts (exit 2)."""
     done = await run_headrace("run", str(CLICKSTREAM), "--nats", nats_server.url, "--workers", "2")
     assert done.returncode == 2, done.stderr.decode()
-    assert b"keeps state (per-minute), which one worker owns" in done.stderr
+    assert b"keeps state (per-minute), which one worker owns; partition its keys" in done.stderr

@@ -5,6 +5,7 @@ on stdout per change of the partitions it holds."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import timedelta
 
@@ -19,8 +20,8 @@ from headrace.state import TumblingWindow, count
 PARTITIONING = Partitioning(4, "clicks.{partition}.>")
 
 
-def make_pipeline(out: str) -> Pipeline:
-    pipe = Pipeline("partitioned", drain_timeout=10.0)
+def make_pipeline(out: str, partitioning: Partitioning | None = None) -> Pipeline:
+    pipe = Pipeline("partitioned", drain_timeout=10.0, partitioning=partitioning)
     (
         pipe.source(
             JetStreamSource(stream="CLICKS", durable="counts", config=ConsumerConfig(ack_wait=2.0))
@@ -49,6 +50,10 @@ async def main(url: str, out: str, worker: str) -> None:
         await run_partitioned(
             make_pipeline(out), nc, PARTITIONING, worker=worker, ttl=2.0, on_change=said
         )
+
+
+#: For `headrace run tests/state/partition_child.py --workers N` (PARTITIONED_OUT: the output).
+pipeline = make_pipeline(os.environ.get("PARTITIONED_OUT", "partitioned-out"), PARTITIONING)
 
 
 if __name__ == "__main__":

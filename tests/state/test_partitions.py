@@ -8,6 +8,7 @@ import collections
 import functools
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -20,9 +21,12 @@ import trio
 from headrace.jetstream import JetStream, StreamConfig, publish_acked
 from headrace.jetstream.stream_config import SubjectTransformConfig
 from headrace.nats import connect
-from headrace.pipeline import JetStreamSource, Pipeline
-from headrace.pipeline.partitions import Partitioning, partition_graph
+from headrace.pipeline import JetStreamSource, Partitioning, Pipeline
+from headrace.pipeline.partitions import partition_graph
 from headrace.sinks import MemorySink
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from cli_support import clean_env, headrace
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +51,48 @@ def test_a_partition_graph_names_its_consumer_filter_and_state_after_the_partiti
     assert sink.sink_obj is not pipe.nodes[2].sink_obj
     assert pipe.nodes[0].source.durable == "d"  # type: ignore[union-attr]
     copy.validate()
+
+
+async def _partitioned_stream(url: str, *, seed: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """CLICKS, split four ways by user on the server, holding 150,000 clicks out of order and
+    then one far in the future per user (every real window closes in every partition); the
+    clicks and the users."""
+    rng = random.Random(seed)
+    clicks = [
+        {"user": f"u{rng.randrange(24)}", "ts": BASE + i * 0.01 + rng.uniform(-3, 3)}
+        for i in range(150_000)
+    ]
+    users = sorted({c["user"] for c in clicks})
+    async with connect(url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(
+            StreamConfig(
+                name="CLICKS",
+                subjects=["clicks.*"],
+                subject_transform=SubjectTransformConfig(
+                    src="clicks.*", dest="clicks.{{partition(4,1)}}.{{wildcard(1)}}"
+                ),
+            )
+        )
+        messages = [(f"clicks.{c['user']}", json.dumps(c).encode(), None) for c in clicks]
+        messages += [
+            (f"clicks.{u}", json.dumps({"user": u, "ts": FAR}).encode(), None) for u in users
+        ]
+        await publish_acked(nc, messages)
+    return clicks, users
+
+
+def assert_exact(rows: list[dict[str, Any]], want: collections.Counter[tuple[str, int]]) -> None:
+    """Every real window once, with the count computed from the clicks."""
+    got: dict[tuple[str, int], list[int]] = {}
+    for r in rows:
+        start = datetime.fromisoformat(r["value"]["start"]).timestamp()
+        if start >= FAR - 60:
+            continue
+        got.setdefault((r["value"]["key"], round(start)), []).append(r["value"]["value"])
+    twice = {k: v for k, v in got.items() if len(v) > 1}
+    assert not twice, f"windows written twice: {list(twice.items())[:5]}"
+    assert {k: v[0] for k, v in got.items()} == dict(want)
 
 
 class Worker:
@@ -91,30 +137,7 @@ def read_rows(out: Path) -> list[dict[str, Any]]:
 
 
 async def test_three_workers_one_killed_every_window_once_and_exact(nats_server, tmp_path):
-    rng = random.Random(31)
-    clicks = [
-        {"user": f"u{rng.randrange(24)}", "ts": BASE + i * 0.01 + rng.uniform(-3, 3)}
-        for i in range(150_000)
-    ]
-    users = sorted({c["user"] for c in clicks})
-    async with connect(nats_server.url) as nc:
-        js = JetStream(nc)
-        await js.add_stream(
-            StreamConfig(
-                name="CLICKS",
-                subjects=["clicks.*"],
-                subject_transform=SubjectTransformConfig(
-                    src="clicks.*", dest="clicks.{{partition(4,1)}}.{{wildcard(1)}}"
-                ),
-            )
-        )
-        # The clicks, then one far in the future per user: every real window closes in every
-        # partition.
-        messages = [(f"clicks.{c['user']}", json.dumps(c).encode(), None) for c in clicks]
-        messages += [
-            (f"clicks.{u}", json.dumps({"user": u, "ts": FAR}).encode(), None) for u in users
-        ]
-        await publish_acked(nc, messages)
+    clicks, users = await _partitioned_stream(nats_server.url, seed=31)
     out = tmp_path / "out"
     workers: list[Worker] = []
     async with trio.open_nursery() as nursery:
@@ -163,14 +186,40 @@ async def test_three_workers_one_killed_every_window_once_and_exact(nats_server,
                 await trio.sleep(0.2)  # pacing the reads of another process's files
         for w in others:
             w.proc.send_signal(signal.SIGINT)
-    got: dict[tuple[str, int], list[int]] = {}
-    for r in read_rows(out):
-        start = datetime.fromisoformat(r["value"]["start"]).timestamp()
-        if start >= FAR - 60:
-            continue
-        got.setdefault((r["value"]["key"], round(start)), []).append(r["value"]["value"])
-    twice = {k: v for k, v in got.items() if len(v) > 1}
-    assert not twice, f"windows written twice: {list(twice.items())[:5]}"
-    assert {k: v[0] for k, v in got.items()} == dict(want)
+    assert_exact(read_rows(out), want)
     assert split == [1, 1, 2]
     print(f"split {split}; killed the one holding {sorted(lost)}, {at_kill} of {len(want)} out")
+
+
+async def test_headrace_run_workers_share_the_partitions_one_killed(nats_server, tmp_path):
+    """`headrace run` of a pipeline that declares its partitioning, with --workers 3: the
+    workers lease the partitions; one SIGKILLed mid-way is restarted by the supervisor and the
+    partitions go on; every window once and exact."""
+    clicks, users = await _partitioned_stream(nats_server.url, seed=37)
+    out = tmp_path / "out"
+    env = clean_env(PARTITIONED_OUT=str(out))
+    args = ("run", str(CHILD), "--nats", nats_server.url, "--workers", "3", "--json-logs")
+    want = collections.Counter((c["user"], math.floor(c["ts"] / 60) * 60) for c in clicks)
+    async with headrace(*args, env=env) as supervisor:
+        start = 0
+        for _ in range(3):
+            index, _started = await supervisor.wait_event("worker_started", start=start, timeout=30)
+            start = index + 1
+        starts = [e for e in supervisor.events() if e.get("event") == "worker_started"]
+        pids = [e["pid"] for e in starts]
+        with trio.fail_after(60):
+            while len(read_rows(out)) < len(want) // 10:  # noqa: ASYNC110 - files, no event
+                await trio.sleep(0.05)  # pacing the reads of another process's files
+        os.kill(pids[0], signal.SIGKILL)
+        at_kill = len(read_rows(out))
+        with trio.fail_after(120):
+            while True:
+                rows = [r for r in read_rows(out) if r["value"]["key"] in users]
+                if len({(r["value"]["key"], r["value"]["start"]) for r in rows}) >= len(want):
+                    break
+                await trio.sleep(0.2)
+        supervisor.proc.send_signal(signal.SIGTERM)
+        code = await supervisor.wait_exit(60)
+        assert code == 0, supervisor.transcript()
+    assert at_kill < len(want), "every window was out before the kill"
+    assert_exact(read_rows(out), want)

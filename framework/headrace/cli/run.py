@@ -71,6 +71,7 @@ from headrace.nats.servers import redact_url
 from headrace.pipeline.caught_up import NotCaughtUp
 from headrace.pipeline.gc_tuning import restore_gc, tune_gc
 from headrace.pipeline.graph import Pipeline, PipelineError
+from headrace.pipeline.partitioning import Partitioning
 from headrace.pipeline.runtime import PipelineRun, StageError
 from headrace.pipeline.stats import STATEFUL, Failure, PipelineStats, state_figures
 from headrace.shutdown import (
@@ -227,13 +228,13 @@ def command(args: argparse.Namespace) -> int:
     except PipelineError as exc:
         return _fail(f"invalid pipeline: {exc}")
     stateful = [n.name for n in pipe.nodes if n.kind == "stateful"]
-    if args.workers is not None and args.workers > 1 and stateful:
+    if args.workers is not None and args.workers > 1 and stateful and pipe.partitioning is None:
         # Each key's state lives in one process: a second worker would be fenced off at its
         # first snapshot, fail, be restarted, and be fenced again (docs/state.md, "Limits").
         return _fail(
             f"--workers {args.workers}: pipeline {pipe.name!r} keeps state "
-            f"({', '.join(stateful)}), which one worker owns; run it with --workers 1 or "
-            "without --workers"
+            f"({', '.join(stateful)}), which one worker owns; partition its keys "
+            "(Pipeline(partitioning=...), docs/state.md) or run one worker"
         )
     logs = jsonlogs.active()
     if logs is not None:
@@ -505,6 +506,35 @@ class Runner:
                 return _fail(f"pipeline failed: {fatal}{_notes(notes)}", EXIT_FAILED)
             raise
 
+    async def _run_partitioned(self, nc: Any, partitioning: Partitioning) -> int:
+        """A pipeline over partitioned keys: the partitions this process leases, one copy of
+        the pipeline each (``run_partitioned``, pipeline/partitions.py), until a signal; each
+        change of the partitions held is an event. The progress view and the metrics of one
+        run are not shown for it (NOTES.md)."""
+        from headrace.pipeline.partitions import run_partitioned
+
+        self.connection.nc = nc
+        self.event(
+            "started",
+            pid=os.getpid(),
+            sources=[n.source.describe() for n in self.pipe.sources if n.source],
+            sinks=[n.name for n in self.pipe.sinks],
+            partitions=partitioning.count,
+        )
+
+        def changed(gained: frozenset[int], lost: frozenset[int]) -> None:
+            self.event("partitions", gained=sorted(gained), lost=sorted(lost))
+
+        async with trio.open_nursery() as nursery:
+
+            async def until_stopped() -> None:
+                await self.stop_requested.wait()
+                nursery.cancel_scope.cancel()  # each partition's copy drains, then the leases go
+
+            nursery.start_soon(until_stopped)
+            await run_partitioned(self.pipe, nc, partitioning, on_change=changed)
+        return EXIT_OK
+
     @staticmethod
     def _hint(error: BaseException) -> str:
         """What to fix, for a source that could not bind its consumer (the source's note says
@@ -516,6 +546,8 @@ class Runner:
         return ""
 
     async def _run(self, nc: Any) -> int:
+        if self.pipe.partitioning is not None:
+            return await self._run_partitioned(nc, self.pipe.partitioning)
         self.connection.nc = nc
         watcher = nc.events()  # from now on: what happens while the pipeline binds is said too
         # `pipe.running(nc)`, with the failure hook in place before any actor runs.

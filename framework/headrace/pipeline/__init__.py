@@ -31,7 +31,8 @@ from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
 from headrace.pipeline.graph import Node, Pipeline, PipelineError, run_until_caught_up
 from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.lookup import LookupMissing, LookupSpec
-from headrace.pipeline.partitions import Partitioning, partition_graph, run_partitioned
+from headrace.pipeline.partitioning import Partitioning
+from headrace.pipeline.partitions import partition_graph, run_partitioned
 from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError

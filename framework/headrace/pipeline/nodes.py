@@ -22,6 +22,7 @@ from headrace.pipeline.batch import BatchPolicy
 from headrace.pipeline.errors import PipelineError
 from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.lookup import LookupSpec, Missing
+from headrace.pipeline.partitioning import Partitioning
 from headrace.pipeline.sink_retry import SinkRetry
 from headrace.pipeline.source import JetStreamSource
 from headrace.state.snapshots import DEFAULT_STATE_BUCKET
@@ -214,6 +215,7 @@ class PipelineGraph:
         state_bucket: str = DEFAULT_STATE_BUCKET,
         sink_retry: SinkRetry | None = None,
         allow_termination: bool = False,
+        partitioning: Partitioning | None = None,
     ) -> None:
         if not name:
             raise PipelineError("a pipeline needs a name")
@@ -232,6 +234,11 @@ class PipelineGraph:
         self.state_bucket = check_bucket_name(state_bucket)
         self.sink_retry = sink_retry or SinkRetry()
         self.allow_termination = allow_termination
+        #: The stream's keys split into partitions, leased to workers (``headrace run``
+        #: then runs ``run_partitioned``; pipeline/partitions.py). None: one run.
+        if partitioning is not None and not isinstance(partitioning, Partitioning):
+            raise PipelineError(f"partitioning must be a Partitioning, not {partitioning!r}")
+        self.partitioning = partitioning
         self.nodes: list[Node] = []
 
     def __repr__(self) -> str:

@@ -31,6 +31,7 @@ import trio
 
 from headrace.pipeline.errors import PipelineError
 from headrace.pipeline.graph import Pipeline
+from headrace.pipeline.partitioning import Partitioning
 from headrace.state.errors import StateConflict
 from headrace.state.leases import DEFAULT_TTL, PartitionLeases
 
@@ -45,31 +46,13 @@ log = logging.getLogger("headrace.pipeline")
 RESTART_PAUSE = 0.5
 
 
-@attrs.frozen(slots=True)
-class Partitioning:
-    """``count`` partitions; ``subject`` the filter of one, with ``{partition}`` where its
-    number goes (``"clicks.{partition}.>"``)."""
-
-    count: int = attrs.field(validator=attrs.validators.ge(1))
-    subject: str = attrs.field()
-
-    @subject.validator
-    def _has_partition(self, _attribute: attrs.Attribute[str], value: str) -> None:
-        if "{partition}" not in value:
-            raise PipelineError(
-                f"a partition's subject needs '{{partition}}' where its number goes: {value!r}"
-            )
-
-    def subject_of(self, partition: int) -> str:
-        return self.subject.format(partition=partition)
-
-
 def partition_graph(pipe: Pipeline, partitioning: Partitioning, partition: int) -> Pipeline:
     """The copy of ``pipe`` that runs ``partition`` (see the module docs)."""
     if not 0 <= partition < partitioning.count:
         raise PipelineError(f"partition {partition} is not one of 0..{partitioning.count - 1}")
     copied = Pipeline(
         pipe.name,
+        partitioning=None,  # a copy runs one partition
         dead_letter=pipe.dead_letter,
         max_deliveries=pipe.max_deliveries,
         nak_delay=pipe.nak_delay,
