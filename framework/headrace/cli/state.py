@@ -344,7 +344,11 @@ def _window_words(assigner: dict[str, Any], lateness: float) -> str:
 
 def describe(obj: dict[str, Any], now: float) -> list[str]:
     """One operator's state (a :func:`summary`, with ``state`` when decoded) in lines."""
-    chunks = f"{obj['chunks']} chunk" + ("s" if obj["chunks"] != 1 else "")
+    chunks = (
+        f"{obj['chunks']} chunk" + ("s" if obj["chunks"] != 1 else "")
+        if obj["chunks"]
+        else "its head"  # a small snapshot travels in the head itself
+    )
     lines = [
         f"{obj['pipeline']}/{obj['operator']}   bucket {obj['bucket']!r}, key {obj['key']}",
         f"  snapshot  epoch {obj['epoch']}, saved {obj['saved']}{_ago(obj['saved'], now)}, "
