@@ -446,6 +446,30 @@ def _run_child(
         )
 
 
+def report(
+    bench: str,
+    results: list[dict[str, Any]],
+    *,
+    label: Callable[[dict[str, Any]], str],
+    as_json: bool,
+    table: Callable[[], None],
+) -> None:
+    """A run's lines: a ``MISMATCH`` on stderr for each that failed its check (``label``
+    names it), then the lines as JSON objects, one a line, or ``table()``."""
+    for r in results:
+        if not r.get("verified"):
+            print(
+                f"headrace bench {bench}: MISMATCH: {label(r)}: {r.get('error')}",
+                file=sys.stderr,
+                flush=True,
+            )
+    if as_json:
+        for r in results:
+            print(json.dumps(r), flush=True)
+    else:
+        table()
+
+
 def _last_json(child: _Child) -> dict[str, Any] | None:
     for line in reversed(child.stdout.strip().splitlines()):
         try:

@@ -69,6 +69,7 @@ from headrace_bench.consume import (
     _last_json,
     _peak_rss_mb,
     _run_child,
+    report,
 )
 from headrace_bench.range_read import load as load_stream
 
@@ -565,18 +566,13 @@ def run(
             result["avg_stored_bytes"] = round(load["stream_bytes"] / messages, 1)
             results.append(result)
     _add_ratios(results)
-    for r in results:
-        if not r.get("verified"):
-            print(
-                f"headrace bench spark: MISMATCH: {_label(r)}: {r.get('error')}",
-                file=sys.stderr,
-                flush=True,
-            )
-    if as_json:
-        for r in results:
-            print(json.dumps(r), flush=True)
-    else:
-        _print_table(results, load, payload)
+    report(
+        "spark",
+        results,
+        label=_label,
+        as_json=as_json,
+        table=lambda: _print_table(results, load, payload),
+    )
     return results
 
 

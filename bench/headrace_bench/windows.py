@@ -76,6 +76,7 @@ from headrace_bench.consume import (
     _run_child,
     _settled_problems,
     _stored,
+    report,
 )
 
 HEADRACE = "headrace-windows"
@@ -519,18 +520,13 @@ def run(
             result["avg_stored_bytes"] = loaded["avg_stored_bytes"]
             results.append(result)
     _add_ratio(results)
-    for r in results:
-        if not r.get("verified"):
-            print(
-                f"headrace bench windows: MISMATCH: {r['impl']}: {r.get('error')}",
-                file=sys.stderr,
-                flush=True,
-            )
-    if as_json:
-        for r in results:
-            print(json.dumps(r), flush=True)
-    else:
-        _print_table(results, loaded)
+    report(
+        "windows",
+        results,
+        label=lambda r: str(r["impl"]),
+        as_json=as_json,
+        table=lambda: _print_table(results, loaded),
+    )
     return results
 
 
