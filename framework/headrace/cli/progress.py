@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 import attrs
 
+from headrace.cli.session import bytes_words
 from headrace.pipeline.stats import STATEFUL
 
 
@@ -104,18 +105,6 @@ def span_words(seconds: float) -> str:
     if s >= 60:
         return f"{s // 60}m" + (f"{s % 60}s" if s % 60 else "")
     return f"{s}s"
-
-
-def bytes_words(n: float) -> str:
-    """``512 B``, ``12.0 KiB``, ``3.4 MiB``."""
-    if n < 1024:
-        return f"{int(n)} B"
-    size = n / 1024
-    for unit in ("KiB", "MiB"):
-        if size < 1024:
-            return f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def _state_of(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:

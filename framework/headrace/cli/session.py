@@ -114,3 +114,15 @@ def run_with_jetstream(args: argparse.Namespace, prog: str, body: Body) -> int:
             say(prog, one_line(error))
             return EXIT_FAILED
         raise
+
+
+def bytes_words(n: float) -> str:
+    """``512 B``, ``12.0 KiB``, ``3.4 MiB``: a size as the tools print it."""
+    if n < 1024:
+        return f"{int(n)} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"

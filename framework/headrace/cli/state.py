@@ -42,8 +42,15 @@ from typing import Any, TextIO
 import attrs
 
 from headrace.cli.options import add_connection_arguments
-from headrace.cli.progress import bytes_words, span_words
-from headrace.cli.session import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_with_jetstream, say
+from headrace.cli.progress import span_words
+from headrace.cli.session import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    bytes_words,
+    run_with_jetstream,
+    say,
+)
 from headrace.errors import HeadraceError
 from headrace.jetstream import JetStream
 from headrace.jetstream.kv import (

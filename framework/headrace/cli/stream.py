@@ -22,7 +22,13 @@ import sys
 from typing import Any
 
 from headrace.cli.options import add_connection_arguments
-from headrace.cli.session import ToolError, positive_int, print_json, run_with_jetstream
+from headrace.cli.session import (
+    ToolError,
+    bytes_words,
+    positive_int,
+    print_json,
+    run_with_jetstream,
+)
 from headrace.jetstream import JetStream, StreamNotFound
 from headrace.jetstream.codec import to_json
 from headrace.jetstream.errors import StreamAlreadyExists
@@ -195,7 +201,7 @@ def ls_command(args: argparse.Namespace) -> int:
                 i.config.name,
                 ",".join(i.config.subjects or []) or "-",
                 str(i.state.messages),
-                _bytes(i.state.bytes),
+                bytes_words(i.state.bytes),
                 str(i.state.consumer_count),
                 str(i.config.retention or "limits"),
                 str(i.config.storage or "file"),
@@ -262,7 +268,7 @@ def describe(info: StreamInfo) -> list[str]:
     if c.duplicate_window:
         lines.append(f"  duplicates:  window {_seconds(c.duplicate_window)}")
     span = f", seq {s.first_seq}..{s.last_seq}" if s.messages else ""
-    lines.append(f"  messages:    {s.messages} ({_bytes(s.bytes)}){span}")
+    lines.append(f"  messages:    {s.messages} ({bytes_words(s.bytes)}){span}")
     lines.append(f"  consumers:   {s.consumer_count}")
     if info.cluster is not None and info.cluster.name and info.cluster.leader:
         lines.append(f"  leader:      {info.cluster.leader}")
@@ -276,17 +282,6 @@ def _seconds(value: float) -> str:
         if value >= size and value % size == 0:
             return f"{int(value // size)}{unit}"
     return f"{value:g}s"
-
-
-def _bytes(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    size = n / 1024
-    for unit in ("KiB", "MiB"):
-        if size < 1024:
-            return f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def table(rows: list[tuple[str, ...]]) -> None:
