@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import trio
-from headrace.jetstream import JetStream, StreamConfig, publish_acked
+from headrace.jetstream import ConsumerConfig, JetStream, StreamConfig, publish_acked
 from headrace.jetstream.kv import KeyValueConfig, create_key_value, key_value
 from headrace.nats import connect
-from headrace.pipeline import JetStreamSource, Pipeline, run_until_caught_up
+from headrace.pipeline import JetStreamSource, Pipeline, SinkRetry, run_until_caught_up
 from headrace.sinks import MemorySink
 from headrace.state import (
     Joined,
@@ -404,3 +404,56 @@ async def test_a_stream_created_again_under_its_state_is_refused_in_words(nats_s
     async with connect(nats_server.url) as nc:
         with trio.fail_after(60), pytest.raises(StateStreamRecreated, match="created again"):
             await run_until_caught_up(pipe, nc)
+
+
+class DownSink(MemorySink):
+    """A sink that is down (ConnectionError) until ``up`` is set; counts its failed writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = trio.Event()
+        self.failures = 0
+        self.failed = trio.Event()
+
+    async def write_batch(self, batch: Any) -> None:
+        if not self.up.is_set():
+            self.failures += 1
+            self.failed.set()
+            raise ConnectionError("the lake is down")
+        await super().write_batch(batch)
+
+
+@pytest.mark.slow
+async def test_window_results_wait_out_a_sink_outage_longer_than_the_ack_wait(nats_server):
+    """The sink fails every write for 3 s, past the consumer's 1 s ack wait, while windows
+    close: the results are retried in place and kept in the snapshots meanwhile, the inputs
+    acked by the snapshots. Then every window once, exact; nothing naked, terminated or
+    dead-lettered."""
+    evs = events(6_000, seed=29)
+    await load(nats_server.url, [*evs, {"user": "end", "ts": END_TS, "n": -1}])
+    sink = DownSink()
+    pipe = Pipeline("outage", drain_timeout=10.0, sink_retry=SinkRetry(backoff=0.2))
+    (
+        pipe.source(
+            JetStreamSource(stream="CLICKS", durable="outage", config=ConsumerConfig(ack_wait=1.0))
+        )
+        .map(json.loads)
+        .key_by(lambda e: e["user"])
+        .window(TumblingWindow(60), count(), event_time=lambda e: e["ts"], lateness=5.0,
+                snapshot_interval=0.2)
+        .sink(sink)
+    )  # fmt: skip
+    async with connect(nats_server.url) as nc, pipe.running(nc) as run:
+        with trio.fail_after(30):
+            await sink.failed.wait()
+            with trio.move_on_after(3.0):  # the outage's length: the fault, not a condition
+                await trio.sleep_forever()
+            sink.up.set()
+            await run.wait_caught_up()
+            await sink.wait_for(len(tumbling_counts(evs, 60)))
+    stats = run.stats
+    assert sink.failures >= 3
+    assert stats.naks == 0 and stats.terms == 0 and stats.dead_lettered == 0
+    results = results_of(sink)
+    assert len({(r.key, r.start) for r in results}) == len(results)
+    assert as_counts(results) == tumbling_counts(evs, 60)
