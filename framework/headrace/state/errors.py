@@ -51,6 +51,13 @@ class StateLimitExceeded(StateConflict):
     windows or the key TTL, or partition the keys over more workers."""
 
 
+class StateStorageError(StateConflict):
+    """The local file of an operator kept on disk (``backend="disk"``) cannot be written or
+    read: the disk is full, the directory is not writable, the file was removed under it. The
+    pipeline stops; its held messages come again after their ack wait, and the operator
+    starts from its last snapshot once the disk is fixed."""
+
+
 class LeaseError(StateConflict):
     """The leases on a pipeline's partitions cannot be trusted: a lease or member record in
     the bucket does not decode, or a worker holds a partition under another number of

@@ -33,6 +33,7 @@ import hashlib
 import json
 import re
 import secrets
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import attrs
@@ -206,25 +207,41 @@ class SnapshotStore:
     async def save(self, payload: bytes, lineage: str) -> SnapshotHead:
         """Store ``payload`` as the next epoch and make it current (see the module docs).
         :class:`StateFenced` if another process moved the head since this one saw it."""
+        return await self.save_parts(_one(payload), lineage)
+
+    async def save_parts(self, parts: AsyncIterator[bytes], lineage: str) -> SnapshotHead:
+        """:meth:`save` of the bytes ``parts`` yields one after another, holding at most a
+        chunk of them at a time: a snapshot larger than memory (an operator on disk) is
+        streamed from its file."""
         previous = self.head
         epoch = self.epoch + 1
         token = secrets.token_hex(4)
-        inline = len(payload) <= INLINE
-        chunks = [] if inline else [payload[i : i + CHUNK] for i in range(0, len(payload), CHUNK)]
-        for i, chunk in enumerate(chunks):
-            key = self._chunk_key(epoch, token, i)
-            await retry_transient(lambda key=key, chunk=chunk: self.kv.put(key, chunk))  # type: ignore[misc]
+        digest = hashlib.sha256()
+        size = chunks = 0
+        buffer = bytearray()
+        async for part in parts:
+            digest.update(part)
+            size += len(part)
+            buffer += part
+            while len(buffer) > CHUNK:
+                await self._put_chunk(epoch, token, chunks, bytes(buffer[:CHUNK]))
+                del buffer[:CHUNK]
+                chunks += 1
+        inline = chunks == 0 and len(buffer) <= INLINE
+        if not inline and buffer:
+            await self._put_chunk(epoch, token, chunks, bytes(buffer))
+            chunks += 1
         head = SnapshotHead(
             epoch=epoch,
             token=token,
-            chunks=len(chunks),
-            size=len(payload),
-            digest=hashlib.sha256(payload).hexdigest(),
+            chunks=chunks,
+            size=size,
+            digest=digest.hexdigest(),
             lineage=lineage,
             saved=_now_iso(),
             pipeline=self.pipeline,
             operator=self.operator,
-            inline=base64.b64encode(payload).decode() if inline else "",
+            inline=base64.b64encode(buffer).decode() if inline else "",
         )
         try:
             self.revision = await self._move_head(head)
@@ -235,6 +252,10 @@ class SnapshotStore:
         if previous is not None:
             await self._forget(previous)
         return head
+
+    async def _put_chunk(self, epoch: int, token: str, i: int, chunk: bytes) -> None:
+        key = self._chunk_key(epoch, token, i)
+        await retry_transient(lambda: self.kv.put(key, chunk))
 
     async def _move_head(self, head: SnapshotHead) -> int:
         value = head.to_json()
@@ -286,6 +307,10 @@ class SnapshotStore:
             await retry_transient(lambda key=key: self.kv.purge(key))  # type: ignore[misc]
         self.head, self.revision = None, None
         return bool(keys)
+
+
+async def _one(payload: bytes) -> AsyncIterator[bytes]:
+    yield payload
 
 
 async def _bucket(js: JetStream, bucket: str, replicas: int, create: bool) -> KeyValue:

@@ -518,15 +518,8 @@ class WindowOperator:
         late (it is only counted, see :attr:`late`), True once it is in every window it
         belongs to. :class:`WindowError` if its windows would reach outside the years a
         datetime holds (nothing changes then)."""
-        wm = self._watermark
-        if wm is not None and t_us < wm:
-            self._late += 1
+        if not self._admit(t_us):
             return False
-        if not self._lo <= t_us <= self._hi:
-            raise WindowError(
-                f"event time {t_us} (microseconds) puts its windows outside the years a "
-                "datetime can hold"
-            )
         kind = self._kind
         if kind == _TUMBLING:
             start = t_us - (t_us - self._align) % self._size
@@ -553,15 +546,34 @@ class WindowOperator:
                 start -= slide
         else:
             self._add_to_session(key, t_us, value)
-        # Only now: the record was judged against the watermark before it.
+        self._taken(t_us)
+        return True
+
+    def _admit(self, t_us: int) -> bool:
+        """Whether a record at ``t_us`` is on time (a late one is counted);
+        :class:`WindowError` for a time whose windows a datetime cannot hold."""
+        wm = self._watermark
+        if wm is not None and t_us < wm:
+            self._late += 1
+            return False
+        if not self._lo <= t_us <= self._hi:
+            raise WindowError(
+                f"event time {t_us} (microseconds) puts its windows outside the years a "
+                "datetime can hold"
+            )
+        return True
+
+    def _taken(self, t_us: int) -> None:
+        """A record at ``t_us`` is in its windows: only now may it move the newest event time
+        and the watermark (it was judged against the watermark before it)."""
         mx = self._max_event
         if mx is None or t_us > mx:
             self._max_event = t_us
             if self.follow_events:
                 moved = t_us - self._lateness
+                wm = self._watermark
                 if wm is None or moved > wm:
                     self._watermark = moved
-        return True
 
     def _new_window(self, key: Any, start: int, entry: list[Any]) -> None:
         """Open the fixed window of ``key`` at ``start`` with ``entry``, ``[accumulator,
@@ -754,6 +766,12 @@ class WindowOperator:
                     acc, n = self._open[window]
                     windows.append((window[0], window[1], end, _copy(acc), n, seq))
                     seq += 1
+        return {**self._scalars(), "windows": windows}
+
+    def _scalars(self) -> dict[str, Any]:
+        """What a snapshot holds besides the windows: the format, the assigner and lateness
+        it was taken with, the watermark, the newest event time, the late count and the next
+        creation number."""
         return {
             "format": _FORMAT,
             "assigner": self._assigner_spec(),
@@ -762,8 +780,22 @@ class WindowOperator:
             "max_event_time": self._max_event,
             "late": self._late,
             "next_seq": self._seq,
-            "windows": windows,
         }
+
+    def _take_scalars(self, data: dict[str, Any]) -> None:
+        """Take :meth:`_scalars` of a snapshot, refused (:class:`WindowError`) when it was
+        taken with another assigner or lateness: windows of another size would be wrong,
+        silently."""
+        if tuple(data["assigner"]) != self._assigner_spec() or data["lateness"] != self._lateness:
+            raise WindowError(
+                f"the snapshot was taken with {tuple(data['assigner'])} and a lateness of "
+                f"{data['lateness']} us; this operator has {self._assigner_spec()} and "
+                f"{self._lateness} us"
+            )
+        self._watermark = data["watermark"]
+        self._max_event = data["max_event_time"]
+        self._late = data["late"]
+        self._seq = data["next_seq"]
 
     @classmethod
     def restore(
@@ -786,16 +818,7 @@ class WindowOperator:
                 f"the snapshot is in format {data['format']}, newer than this headrace reads "
                 f"({_FORMAT})"
             )
-        if tuple(data["assigner"]) != op._assigner_spec() or data["lateness"] != op._lateness:
-            raise WindowError(
-                f"the snapshot was taken with {tuple(data['assigner'])} and a lateness of "
-                f"{data['lateness']} us; this operator has {op._assigner_spec()} and "
-                f"{op._lateness} us"
-            )
-        op._watermark = data["watermark"]
-        op._max_event = data["max_event_time"]
-        op._late = data["late"]
-        op._seq = data["next_seq"]
+        op._take_scalars(data)
         windows = sorted(data["windows"], key=lambda w: (w[2], w[1], w[5]))
         if op._kind == _SESSION:
             gap = op._gap
