@@ -71,7 +71,9 @@ async def load(url: str, evs: list[dict[str, Any]]) -> None:
         )
 
 
-def windowed(name: str, dead_letter: str | None = None) -> tuple[Pipeline, MemorySink]:
+def windowed(
+    name: str, dead_letter: str | None = None, backend: str = "memory"
+) -> tuple[Pipeline, MemorySink]:
     sink = MemorySink()
     pipe = Pipeline(name, drain_timeout=10.0, dead_letter=dead_letter)
     (
@@ -84,14 +86,17 @@ def windowed(name: str, dead_letter: str | None = None) -> tuple[Pipeline, Memor
             event_time=lambda e: e["ts"],
             lateness=LATENESS,
             snapshot_interval=0.2,
+            backend=backend,  # type: ignore[arg-type]
         )
         .sink(sink)
     )
     return pipe, sink
 
 
-async def run_pipeline(url: str, name: str, dead_letter: str | None = None) -> list[WindowResult]:
-    pipe, sink = windowed(name, dead_letter)
+async def run_pipeline(
+    url: str, name: str, dead_letter: str | None = None, backend: str = "memory"
+) -> list[WindowResult]:
+    pipe, sink = windowed(name, dead_letter, backend)
     async with connect(url) as nc:
         with trio.fail_after(60):
             await run_until_caught_up(pipe, nc)
@@ -116,6 +121,22 @@ def json_lines(done: Any) -> list[dict[str, Any]]:
 
 
 # -- against a real server --------------------------------------------------------------------
+
+
+async def test_show_decodes_the_snapshot_of_an_operator_on_disk(nats_server: Any) -> None:
+    url = nats_server.url
+    evs = events(1_500, seed=3)
+    await load(url, evs)
+    results = await run_pipeline(url, "ondisk", backend="disk")
+    open_windows, keys = still_open(evs, results)
+    assert open_windows > 0
+    [shown] = json_lines(await state(url, "show", "ondisk", "window", "--json", "--decode"))
+    got = shown["state"]
+    assert got["backend"] == "disk" and got["kind"] == "window"
+    assert (got["open_windows"], got["keys"]) == (open_windows, keys)
+    assert got["next_result"] == len(results) + 1
+    assert got["assigner"] == {"type": "tumbling", "size": SIZE, "slide": SIZE, "align": 0.0}
+    assert sum(t["sequences"] for t in got["taken"].values()) >= 1
 
 
 async def test_show_before_and_after_a_windowed_run(nats_server: Any) -> None:

@@ -19,7 +19,14 @@ import trio
 from headrace.jetstream import ConsumerConfig, JetStream, StreamConfig, publish_acked
 from headrace.jetstream.kv import KeyValueConfig, create_key_value, key_value
 from headrace.nats import connect
-from headrace.pipeline import JetStreamSource, Pipeline, SinkRetry, run_until_caught_up
+from headrace.pipeline import (
+    BatchPolicy,
+    JetStreamSource,
+    Pipeline,
+    PipelineError,
+    SinkRetry,
+    run_until_caught_up,
+)
 from headrace.sinks import MemorySink
 from headrace.state import (
     Joined,
@@ -30,6 +37,7 @@ from headrace.state import (
     count,
     to_micros,
 )
+from headrace.state.disk import is_file_snapshot
 from headrace.state.errors import StateFenced, StateStreamRecreated
 from headrace.state.snapshots import SnapshotStore
 
@@ -102,10 +110,14 @@ def as_counts(results: list[WindowResult]) -> Counter[tuple[str, float]]:
     return out
 
 
-async def test_tumbling_counts_equal_the_counts_computed_from_the_events(nats_server):
+BACKENDS = pytest.mark.parametrize("backend", ["memory", "disk"])
+
+
+@BACKENDS
+async def test_tumbling_counts_equal_the_counts_computed_from_the_events(nats_server, backend):
     evs = events(20_000)
     await load(nats_server.url, [*evs, {"user": "end", "ts": END_TS, "n": -1}])
-    pipe, sink = windowed()
+    pipe, sink = windowed(backend=backend)
     async with connect(nats_server.url) as nc:
         with trio.fail_after(60):
             stats = await run_until_caught_up(pipe, nc)
@@ -116,23 +128,30 @@ async def test_tumbling_counts_equal_the_counts_computed_from_the_events(nats_se
     assert stats.acks == len(evs) + 1
 
 
-async def test_a_restarted_pipeline_goes_on_from_its_snapshot(nats_server):
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [("memory", "memory"), ("disk", "disk"), ("memory", "disk"), ("disk", "memory")],
+)
+async def test_a_restarted_pipeline_goes_on_from_its_snapshot(nats_server, before, after):
     """Half the events, drain; the other half, a new run of the same pipeline: every window
-    once, with the count of both halves (the open windows came back from KV)."""
+    once, with the count of both halves (the open windows came back from KV), whichever
+    backend saved the snapshot and whichever restores it."""
     evs = events(6_000, seed=2)
     first, second = evs[:3_000], evs[3_000:]
     await load(nats_server.url, first)
-    pipe, sink1 = windowed("restart")
+    pipe, sink1 = windowed("restart", backend=before)
     async with connect(nats_server.url) as nc:
         with trio.fail_after(60):
             await run_until_caught_up(pipe, nc)
     await load(nats_server.url, [*second, {"user": "end", "ts": END_TS, "n": -1}])
-    pipe, sink2 = windowed("restart")
+    pipe, sink2 = windowed("restart", backend=after)
     async with connect(nats_server.url) as nc:
         with trio.fail_after(60):
             await run_until_caught_up(pipe, nc)
         store = await SnapshotStore.open(JetStream(nc), "restart", "window")
-        assert await store.load() is not None and store.epoch >= 2
+        payload = await store.load()
+        assert payload is not None and store.epoch >= 2
+        assert is_file_snapshot(payload) == (after == "disk")
     results = results_of(sink1) + results_of(sink2)
     keys = [(r.key, r.start) for r in results]
     assert len(keys) == len(set(keys))
@@ -182,7 +201,8 @@ def sessions_brute_force(evs: list[dict[str, Any]], gap: float) -> Counter[tuple
     return out
 
 
-async def test_session_windows_match_a_brute_force_computation(nats_server):
+@BACKENDS
+async def test_session_windows_match_a_brute_force_computation(nats_server, backend):
     rng = random.Random(5)
     evs = []
     t = BASE
@@ -190,7 +210,7 @@ async def test_session_windows_match_a_brute_force_computation(nats_server):
         t += rng.choice([0.1, 0.2, 0.5, 3.0, 12.0])
         evs.append({"user": f"u{rng.randrange(5)}", "ts": t, "n": i})
     await load(nats_server.url, [*evs, {"user": "end", "ts": END_TS}])
-    pipe, sink = windowed("sessions", assigner=SessionWindow(10.0), lateness=0.0)
+    pipe, sink = windowed("sessions", assigner=SessionWindow(10.0), lateness=0.0, backend=backend)
     async with connect(nats_server.url) as nc:
         with trio.fail_after(60):
             await run_until_caught_up(pipe, nc)
@@ -216,8 +236,12 @@ async def test_sliding_windows_count_each_record_in_every_window_it_falls_in(nat
     assert as_counts(results_of(sink)) == expected
 
 
-async def test_fold_keeps_a_running_total_per_key_across_a_restart(nats_server):
+@pytest.mark.parametrize(
+    ("before", "after"), [("memory", "memory"), ("disk", "disk"), ("disk", "memory")]
+)
+async def test_fold_keeps_a_running_total_per_key_across_a_restart(nats_server, before, after):
     evs = events(2_000, seed=11)
+    backends = iter([before, after])
 
     def build() -> tuple[Pipeline, MemorySink]:
         sink = MemorySink()
@@ -226,7 +250,12 @@ async def test_fold_keeps_a_running_total_per_key_across_a_restart(nats_server):
             pipe.source(JetStreamSource(stream="CLICKS", durable="totals"))
             .map(json.loads)
             .key_by(lambda e: e["user"])
-            .fold(lambda: 0, lambda total, e: total + 1, snapshot_interval=0.2)
+            .fold(
+                lambda: 0,
+                lambda total, e: total + 1,
+                snapshot_interval=0.2,
+                backend=next(backends),
+            )
             .sink(sink)
         )
         return pipe, sink
@@ -407,20 +436,62 @@ async def test_a_stream_created_again_under_its_state_is_refused_in_words(nats_s
 
 
 class DownSink(MemorySink):
-    """A sink that is down (ConnectionError) until ``up`` is set; counts its failed writes."""
+    """A sink that is down (ConnectionError) until ``up`` is set; counts its failed writes
+    (``failed_often`` is set at the ``often``-th)."""
 
-    def __init__(self) -> None:
+    def __init__(self, often: int = 1) -> None:
         super().__init__()
         self.up = trio.Event()
         self.failures = 0
         self.failed = trio.Event()
+        self.often = often
+        self.failed_often = trio.Event()
 
     async def write_batch(self, batch: Any) -> None:
         if not self.up.is_set():
             self.failures += 1
             self.failed.set()
+            if self.failures >= self.often:
+                self.failed_often.set()
             raise ConnectionError("the lake is down")
         await super().write_batch(batch)
+
+
+@BACKENDS
+async def test_an_operator_waits_for_its_sinks_instead_of_piling_up_results(nats_server, backend):
+    """Windows of one second close ~20 at a time while the sink is down: once 100 results
+    wait for it (``max_pending_results``), the operator takes no more records, so the stream
+    keeps them (the consumer has messages not even delivered), instead of the process holding
+    every result. Once the sink is back, every window once, exact."""
+    evs = events(6_000, seed=31)
+    await load(nats_server.url, [*evs, {"user": "end", "ts": END_TS, "n": -1}])
+    sink = DownSink(often=6)
+    pipe = Pipeline(
+        "pressure", drain_timeout=10.0, sink_retry=SinkRetry(backoff=0.2, backoff_max=0.2)
+    )
+    (
+        pipe.source(JetStreamSource(stream="CLICKS", durable="pressure"))
+        .map(json.loads)
+        .key_by(lambda e: e["user"])
+        .window(TumblingWindow(1), count(), event_time=lambda e: e["ts"], lateness=5.0,
+                snapshot_interval=0.2, max_pending_results=100, backend=backend)
+        .sink(sink, batch=BatchPolicy(max_messages=50))  # below the limit: no batch waits
+    )  # fmt: skip
+    async with connect(nats_server.url) as nc, pipe.running(nc) as run:
+        stage: Any = run.stages["stateful:window"]
+        with trio.fail_after(30):
+            await sink.failed_often.wait()  # > 1 s of outage: 6,000 events take 0.3 s
+            info = await JetStream(nc).consumer_info("CLICKS", "pressure")
+            assert stage.stats.backpressured and stage.stats.backpressure_waits >= 1
+            assert stage.stats.results_pending <= 100 + 200  # + what one batch closed
+            assert info.num_pending > 0, "the operator read the whole stream anyway"
+            sink.up.set()
+            await run.wait_caught_up()
+            await sink.wait_for(len(tumbling_counts(evs, 1)))
+    assert not stage.stats.backpressured
+    results = results_of(sink)
+    assert len({(r.key, r.start) for r in results}) == len(results)
+    assert as_counts(results) == tumbling_counts(evs, 1)
 
 
 @pytest.mark.slow
@@ -457,3 +528,24 @@ async def test_window_results_wait_out_a_sink_outage_longer_than_the_ack_wait(na
     results = results_of(sink)
     assert len({(r.key, r.start) for r in results}) == len(results)
     assert as_counts(results) == tumbling_counts(evs, 60)
+
+
+def test_a_sink_batch_above_max_pending_results_is_refused_in_words():
+    pipe, _ = windowed("refused", max_pending_results=100)
+    with pytest.raises(PipelineError, match=r"batches 1000 messages, more than the max_pending"):
+        pipe.validate()
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"backend": "ssd"}, "backend must be 'memory' or 'disk'"),
+        ({"state_dir": "/tmp"}, "state_dir is where backend='disk'"),
+        ({"backend": "disk", "state_dir": "/no/such/dir"}, "is not a directory"),
+        ({"backend": "disk", "cache_bytes": 1000}, "at least 1 MiB"),
+        ({"max_pending_results": 0}, "positive int"),
+    ],
+)
+def test_storage_options_are_checked_in_words(options: dict[str, Any], words: str):
+    with pytest.raises(PipelineError, match=words):
+        windowed("checked", **options)

@@ -264,8 +264,18 @@ def decode(payload: bytes) -> dict[str, Any]:
     in figures: kind, keys, open windows, watermark, results pending, the next result's
     number, late records, the sequences taken in per stream. **Unpickles** ``payload``."""
     from headrace.pipeline.stateful import SNAPSHOT_FORMAT
+    from headrace.state.disk import is_file_snapshot, unpack
 
-    state = pickle.loads(zlib.decompress(payload))
+    file_meta: dict[str, Any] | None = None
+    if is_file_snapshot(payload):  # an operator kept on disk: a copy of its state file
+        file = unpack(payload)
+        try:
+            state = file.get_meta("stage")
+            file_meta = file.get_meta("windows") or file.get_meta("keyed") or {}
+        finally:
+            file.close()
+    else:
+        state = pickle.loads(zlib.decompress(payload))
     if not isinstance(state, dict) or not isinstance(state.get("format"), int):
         raise ValueError("not the snapshot of a stateful operator")
     if state["format"] > SNAPSHOT_FORMAT:
@@ -284,6 +294,7 @@ def decode(payload: bytes) -> dict[str, Any]:
         }
     out: dict[str, Any] = {
         "kind": state["kind"],
+        "backend": "memory" if file_meta is None else "disk",
         "keys": 0,
         "open_windows": None,
         "results_pending": len(state["pending"]),
@@ -292,7 +303,9 @@ def decode(payload: bytes) -> dict[str, Any]:
         "taken": taken,
     }
     windows = state.get("windows")
-    if windows is not None:
+    if file_meta is not None:
+        out.update(_file_figures(file_meta))
+    elif windows is not None:
         open_ = windows["windows"]
         out["keys"] = len({w[0] for w in open_})
         out["open_windows"] = len(open_)
@@ -303,6 +316,20 @@ def decode(payload: bytes) -> dict[str, Any]:
     else:
         out["keys"] = len(state.get("keyed") or ())
     return out
+
+
+def _file_figures(meta: dict[str, Any]) -> dict[str, Any]:
+    """:func:`decode`'s figures of a disk operator, from its file's counters."""
+    if "windows_open" not in meta:  # keyed state
+        return {"keys": meta.get("count", 0)}
+    return {
+        "keys": meta["keys_open"],
+        "open_windows": meta["windows_open"],
+        "assigner": _assigner(meta["assigner"]),
+        "lateness": meta["lateness"] / 1e6,
+        "watermark": _iso_us(meta["watermark"]),
+        "max_event_time": _iso_us(meta["max_event_time"]),
+    }
 
 
 def summary(found: Found, bucket: str, pipeline: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ is not a node: it only says how records are keyed. Each of its operators makes o
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
@@ -25,6 +26,7 @@ import attrs
 
 from headrace.pipeline.errors import PipelineError
 from headrace.state.aggregates import Aggregate
+from headrace.state.disk import DEFAULT_CACHE_BYTES
 from headrace.state.joins import HOWS, LEFT, RIGHT, How, join_sides, pairs
 from headrace.state.keyed import StatefulFn, fold_fn, reduce_fn
 from headrace.state.windows import SessionWindow, SlidingWindow, TumblingWindow
@@ -52,6 +54,40 @@ EventTime = Callable[[Any], Any] | Literal["stored", "processing"]
 #: A snapshot at least this often (seconds) by default: the delay before a window's result
 #: or a stateful map's output goes on, and before the messages behind it are acked.
 SNAPSHOT_INTERVAL = 1.0
+#: Results waiting for the sinks at which an operator stops taking records (the default of
+#: ``max_pending_results``).
+MAX_PENDING_RESULTS = 10_000
+#: Where an operator's state lives while it runs (``StateSpec.backend``).
+Backend = Literal["memory", "disk"]
+
+
+def _storage(
+    backend: Backend, state_dir: str | None, cache_bytes: int, max_pending_results: int
+) -> dict[str, Any]:
+    """The storage options every stateful operator takes, checked."""
+    if backend not in ("memory", "disk"):
+        raise PipelineError(f"backend must be 'memory' or 'disk', not {backend!r}")
+    if state_dir is not None:
+        if backend != "disk":
+            raise PipelineError("state_dir is where backend='disk' keeps its file; set both")
+        if not os.path.isdir(state_dir):
+            raise PipelineError(f"state_dir {state_dir!r} is not a directory")
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 2**20:
+        raise PipelineError(f"cache_bytes must be an int of at least 1 MiB, not {cache_bytes!r}")
+    if (
+        isinstance(max_pending_results, bool)
+        or not isinstance(max_pending_results, int)
+        or max_pending_results < 1
+    ):
+        raise PipelineError(
+            f"max_pending_results must be a positive int, not {max_pending_results!r}"
+        )
+    return {
+        "backend": backend,
+        "state_dir": state_dir,
+        "cache_bytes": cache_bytes,
+        "max_pending_results": max_pending_results,
+    }
 
 
 def _seconds(value: float | dt.timedelta | None, what: str, *, zero: bool = False) -> float | None:
@@ -91,14 +127,26 @@ class StateSpec:
     #: Inputs of a window whose watermark is the least of theirs (2 for a join: records are
     #: ``(side, value)``); 1: the newest event time of all records.
     sides: int = 1
+    #: Where the state lives while the operator runs: ``"memory"`` (dicts: fastest, grows
+    #: with the keys and open windows) or ``"disk"`` (a local SQLite file in ``state_dir``,
+    #: the system's temporary directory by default, of which at most ``cache_bytes`` are
+    #: kept in memory). Snapshots go to KV either way, and either restores the other's.
+    backend: Backend = "memory"
+    state_dir: str | None = None
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+    #: Results not yet committed by the sinks (held in the state and in every snapshot) at
+    #: which the operator stops taking records until the sinks catch up: backpressure, so
+    #: that a sink down for an hour does not fill memory with results.
+    max_pending_results: int = MAX_PENDING_RESULTS
 
     def describe(self) -> str:
         """One line for ``headrace graph``: what it keeps, by which rule."""
+        where = ", on disk" if self.backend == "disk" else ""
         if self.kind == "window":
             assigner = type(self.assigner).__name__.removesuffix("Window").lower()
-            return f"{assigner} windows, lateness {self.lateness:g}s"
+            return f"{assigner} windows, lateness {self.lateness:g}s{where}"
         ttl = f", ttl {self.ttl:g}s" if self.ttl is not None else ""
-        return f"keyed state{ttl}"
+        return f"keyed state{ttl}{where}"
 
 
 class KeyedStream:
@@ -126,6 +174,10 @@ class KeyedStream:
         snapshot_interval: float = SNAPSHOT_INTERVAL,
         snapshot_every: int | None = None,
         on_error: Literal["nak", "crash"] = "nak",
+        backend: Backend = "memory",
+        state_dir: str | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_pending_results: int = MAX_PENDING_RESULTS,
     ) -> Any:
         """Per key, ``fn(state, value) -> (state, output)``: ``state`` is None for a new key
         (or one whose ``ttl`` ran out); returning a state of None forgets the key; an output
@@ -140,6 +192,7 @@ class KeyedStream:
             max_keys=max_keys,
             snapshot_interval=_seconds(snapshot_interval, "snapshot_interval") or 1.0,
             snapshot_every=snapshot_every,
+            **_storage(backend, state_dir, cache_bytes, max_pending_results),
         )
         return self._add(name, getattr(fn, "__name__", "stateful_map"), spec, on_error=on_error)
 
@@ -152,10 +205,15 @@ class KeyedStream:
         ttl: float | dt.timedelta | None = None,
         max_keys: int | None = None,
         snapshot_interval: float = SNAPSHOT_INTERVAL,
+        backend: Backend = "memory",
+        state_dir: str | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_pending_results: int = MAX_PENDING_RESULTS,
     ) -> Any:
         """Per key, ``acc = fn(acc, value)`` from ``init()``; each record emits
         ``(key, acc)``: the running value."""
-        spec = self._running(fold_fn(init, fn), ttl, max_keys, snapshot_interval)
+        storage = _storage(backend, state_dir, cache_bytes, max_pending_results)
+        spec = self._running(fold_fn(init, fn), ttl, max_keys, snapshot_interval, storage)
         return self._add(name, "fold", spec)
 
     def reduce(
@@ -166,10 +224,15 @@ class KeyedStream:
         ttl: float | dt.timedelta | None = None,
         max_keys: int | None = None,
         snapshot_interval: float = SNAPSHOT_INTERVAL,
+        backend: Backend = "memory",
+        state_dir: str | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_pending_results: int = MAX_PENDING_RESULTS,
     ) -> Any:
         """Per key, the first value, then ``fn(acc, value)``; each record emits
         ``(key, acc)``."""
-        spec = self._running(reduce_fn(fn), ttl, max_keys, snapshot_interval)
+        storage = _storage(backend, state_dir, cache_bytes, max_pending_results)
+        spec = self._running(reduce_fn(fn), ttl, max_keys, snapshot_interval, storage)
         return self._add(name, "reduce", spec)
 
     def _running(
@@ -178,6 +241,7 @@ class KeyedStream:
         ttl: float | dt.timedelta | None,
         max_keys: int | None,
         snapshot_interval: float,
+        storage: dict[str, Any],
     ) -> StateSpec:
         """The spec of ``fold`` and ``reduce``: a stateful map emitting ``(key, acc)``."""
         return StateSpec(
@@ -188,6 +252,7 @@ class KeyedStream:
             ttl=_seconds(ttl, "ttl"),
             max_keys=max_keys,
             snapshot_interval=_seconds(snapshot_interval, "snapshot_interval") or 1.0,
+            **storage,
         )
 
     def window(
@@ -202,6 +267,10 @@ class KeyedStream:
         max_keys: int | None = None,
         snapshot_interval: float = SNAPSHOT_INTERVAL,
         snapshot_every: int | None = None,
+        backend: Backend = "memory",
+        state_dir: str | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_pending_results: int = MAX_PENDING_RESULTS,
     ) -> Any:
         """Aggregate each key's records over ``assigner``'s windows of event time; a window
         emits one :class:`~headrace.state.WindowResult` (key, bounds, value, count) once the
@@ -232,6 +301,7 @@ class KeyedStream:
             max_keys=max_keys,
             snapshot_interval=_seconds(snapshot_interval, "snapshot_interval") or 1.0,
             snapshot_every=snapshot_every,
+            **_storage(backend, state_dir, cache_bytes, max_pending_results),
         )
         return self._add(name, "window", spec)
 
@@ -247,6 +317,10 @@ class KeyedStream:
         name: str | None = None,
         max_keys: int | None = None,
         snapshot_interval: float = SNAPSHOT_INTERVAL,
+        backend: Backend = "memory",
+        state_dir: str | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_pending_results: int = MAX_PENDING_RESULTS,
     ) -> Any:
         """A windowed join with ``other``: for each key and each of ``assigner``'s windows,
         every pair of a value of this side with a value of the other, as
@@ -288,6 +362,10 @@ class KeyedStream:
             name=label,
             max_keys=max_keys,
             snapshot_interval=snapshot_interval,
+            backend=backend,
+            state_dir=state_dir,
+            cache_bytes=cache_bytes,
+            max_pending_results=max_pending_results,
         )
         # The join's watermark is the least of the two sides' (pipeline/stateful.py): a side
         # read ahead of the other does not make the other's records late.

@@ -327,6 +327,30 @@ class PipelineGraph:
                 limit = src.source.config.max_ack_pending
                 if limit is not None:
                     self.check_batch_fits(sink, src, limit)
+        for node in self.nodes:
+            if node.kind == "stateful" and node.state is not None:
+                self._check_results_fit(node, node.state.max_pending_results)
+
+    def _check_results_fit(self, node: Node, limit: int) -> None:
+        """A stateful operator stops at ``max_pending_results`` uncommitted results: a sink
+        after it that batches more could only cut its batches by age, so every round of
+        results would wait out the batch's ``max_age``."""
+        seen: set[int] = set()
+        todo = list(node.downstream)
+        while todo:
+            after = todo.pop()
+            if id(after) in seen:
+                continue
+            seen.add(id(after))
+            if after.kind == "sink" and after.batch.max_messages > limit:
+                raise PipelineError(
+                    f"sink {after.name!r} batches {after.batch.max_messages} messages, more "
+                    f"than the max_pending_results ({limit}) of stateful {node.name!r}, which "
+                    "waits for its results to be committed before taking more records: the "
+                    "batches could only ever be cut by age. Lower the batch or raise "
+                    "max_pending_results"
+                )
+            todo.extend(after.downstream)
 
     def check_batch_fits(self, sink: Node, source: Node, max_ack_pending: int) -> None:
         """A batch larger than the consumer's max_ack_pending can never fill: the server stops

@@ -32,12 +32,14 @@ behind the watermark is late: dead-lettered at once with :class:`LateRecord` as 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import os
 import pickle
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -51,6 +53,9 @@ from headrace.jetstream.transient import retry_transient
 from headrace.pipeline.record import Record, ResultDelivery
 from headrace.pipeline.stages import Stage, _End
 from headrace.protocol.events import Msg
+from headrace.state.disk import BLOCK, StateFile, is_file_snapshot, unpack
+from headrace.state.disk_keyed import DiskKeyedOperator
+from headrace.state.disk_windows import DiskWindowOperator
 from headrace.state.errors import (
     LateRecord,
     SnapshotCorrupt,
@@ -116,6 +121,12 @@ class StateStats:
     snapshot_bytes: int = 0
     snapshot_seconds: float = 0.0
     epoch: int = 0
+    #: The size of the state's file (bytes; ``backend="disk"``, else 0).
+    state_file_bytes: int = 0
+    #: Whether the operator is waiting for its sinks to commit results before taking more
+    #: records (``max_pending_results``), and how often it did.
+    backpressured: bool = False
+    backpressure_waits: int = 0
 
 
 class ResultMsg(JsMsg):
@@ -171,6 +182,14 @@ class StatefulStage(Stage):
         #: Set while no snapshot is being saved (one at a time).
         self._saved = trio.Event()
         self._saved.set()
+        #: The operator's file, when its state is on disk; the copies a save streams.
+        self._file: StateFile | None = None
+        self._copies = 0
+        #: Set when a result settles or a save ends: an operator waiting for its sinks
+        #: looks again.
+        self._wake = trio.Event()
+        #: The last result number a captured snapshot holds.
+        self._captured_upto = 0
 
     # -- results settling (told by the tracker) ---------------------------------------------
 
@@ -178,10 +197,18 @@ class StatefulStage(Stage):
         """Result ``seq`` is committed (or dead-lettered): the next snapshot leaves it out."""
         if self._pending.pop(seq, None) is not None:
             self._dirty = True
+            self._wake.set()
 
     # -- running ----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if self._file is not None:
+                self._file.close()
+
+    async def _run(self) -> None:
         spec = self.spec
         self.store = await SnapshotStore.open(
             self.host.js, self.host.pipeline_name, self.node.name, bucket=self.host.state_bucket
@@ -202,6 +229,8 @@ class StatefulStage(Stage):
             while True:
                 item: Any = None
                 with trio.move_on_at(due):
+                    if len(self._pending) >= spec.max_pending_results:
+                        await self._wait_for_sinks(nursery)
                     item = await inbox.receive()
                 if item is None:  # the interval passed with nothing new
                     self._tick()
@@ -224,19 +253,56 @@ class StatefulStage(Stage):
                     if self._start_snapshot(nursery):
                         due = trio.current_time() + spec.snapshot_interval
 
+    async def _wait_for_sinks(self, nursery: trio.Nursery) -> None:
+        """Backpressure: the sinks have not committed ``max_pending_results`` results (a sink
+        down, or slower than the windows fire). Taking more records would only add results
+        to hold, in memory and in every snapshot; the records wait in the stream instead,
+        since upstream blocks on this stage's full inbox. Results that no snapshot holds yet
+        cannot go to the sinks, so a snapshot is started for them at once rather than at the
+        interval: otherwise each round of results would wait out an interval."""
+        stats = self.stats
+        stats.backpressured = True
+        stats.backpressure_waits += 1
+        try:
+            while len(self._pending) >= self.spec.max_pending_results:
+                if self._next_seq - 1 > self._captured_upto:
+                    self._start_snapshot(nursery)
+                self._wake = trio.Event()
+                await self._wake.wait()
+        finally:
+            stats.backpressured = False
+
     def _make_operator(self) -> None:
+        spec = self.spec
+        if spec.backend == "disk":
+            self._file = StateFile(directory=spec.state_dir, cache_bytes=spec.cache_bytes)
+        self._windows, self._keyed = self._operators(self._file)
+
+    def _operators(
+        self, file: StateFile | None
+    ) -> tuple[WindowOperator | None, KeyedOperator | None]:
+        """A new, empty operator of the spec's kind, kept in ``file`` if there is one."""
         spec = self.spec
         if spec.kind == "window":
             assert spec.assigner is not None and spec.aggregate is not None
-            self._windows = WindowOperator(
-                spec.assigner, spec.aggregate, dt.timedelta(seconds=spec.lateness)
+            lateness = dt.timedelta(seconds=spec.lateness)
+            windows = (
+                WindowOperator(spec.assigner, spec.aggregate, lateness)
+                if file is None
+                else DiskWindowOperator(spec.assigner, spec.aggregate, lateness, file=file)
             )
-            self._windows.follow_events = spec.sides == 1
-        else:
-            assert spec.fn is not None
-            self._keyed = KeyedOperator(
+            windows.follow_events = spec.sides == 1
+            return windows, None
+        assert spec.fn is not None
+        if file is None:
+            keyed = KeyedOperator(
                 spec.fn, ttl=spec.ttl, max_keys=spec.max_keys, name=self.node.name
             )
+        else:
+            keyed = DiskKeyedOperator(
+                spec.fn, file=file, ttl=spec.ttl, max_keys=spec.max_keys, name=self.node.name
+            )
+        return None, keyed
 
     # -- taking records in ------------------------------------------------------------------
 
@@ -289,6 +355,8 @@ class StatefulStage(Stage):
             self._dirty = True
         if windows is not None:
             self._fire()
+        if self._file is not None:
+            self._file.commit()
         if spec.max_keys is not None and windows is not None and windows.keys > spec.max_keys:
             raise StateLimitExceeded(
                 f"{self.node.name!r} holds windows of {windows.keys} keys, over its max_keys "
@@ -377,32 +445,55 @@ class StatefulStage(Stage):
         nursery.start_soon(self._save_in_background, *self._capture())
         return True
 
-    def _capture(self) -> tuple[bytes, list[Record], int]:
-        """The snapshot's bytes, the records it covers and the last result number it holds;
-        the stage's held records start afresh."""
-        payload = zlib.compress(pickle.dumps(self._state(), protocol=5), 1)
+    def _capture(self) -> tuple[bytes | str, list[Record], int]:
+        """The snapshot (its bytes; for an operator on disk, the path of a copy of its file),
+        the records it covers and the last result number it holds; the stage's held records
+        start afresh."""
+        file = self._file
+        if file is None:
+            payload: bytes | str = zlib.compress(pickle.dumps(self._state(), protocol=5), 1)
+        else:
+            operator = self._windows if self._windows is not None else self._keyed
+            assert isinstance(operator, DiskWindowOperator | DiskKeyedOperator)
+            operator.checkpoint()
+            file.set_meta("stage", self._state(operator=False))
+            self._copies += 1
+            payload = f"{file.path}.snapshot-{self._copies}"
+            file.backup(payload)
+            self.stats.state_file_bytes = file.size()
         held, self._held = self._held, []
         self.stats.held = 0
         self._dirty = False
-        return payload, held, self._next_seq - 1
+        self._captured_upto = self._next_seq - 1
+        return payload, held, self._captured_upto
 
-    async def _save_in_background(self, payload: bytes, held: list[Record], upto: int) -> None:
+    async def _save_in_background(
+        self, payload: bytes | str, held: list[Record], upto: int
+    ) -> None:
         try:
             await self._save(payload, held, upto)
         finally:
             self._saved.set()
+            self._wake.set()
 
-    async def _save(self, payload: bytes, held: list[Record], upto: int) -> None:
+    async def _save(self, payload: bytes | str, held: list[Record], upto: int) -> None:
         """Save a captured snapshot; then ack what it covers and send on its results (those
         numbered up to ``upto``: later ones are in no saved snapshot yet)."""
         store = self.store
         assert store is not None
         started = trio.current_time()
-        head = await store.save(payload, self.lineage)
+        if isinstance(payload, bytes):
+            head = await store.save(payload, self.lineage)
+        else:
+            try:
+                head = await store.save_parts(_compressed(payload), self.lineage)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(payload)
         stats = self.stats
         stats.snapshots += 1
         stats.epoch = head.epoch
-        stats.snapshot_bytes = len(payload)
+        stats.snapshot_bytes = head.size
         stats.snapshot_seconds += trio.current_time() - started
         if held:
             self.tracker.release(held)
@@ -410,7 +501,9 @@ class StatefulStage(Stage):
         await self._send_results(upto)
         await self._trim()
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self, *, operator: bool = True) -> dict[str, Any]:
+        """The stage's snapshot as plain data; without the ``operator``'s own state for an
+        operator on disk, whose file holds it."""
         windows, keyed = self._windows, self._keyed
         return {
             "format": SNAPSHOT_FORMAT,
@@ -418,8 +511,8 @@ class StatefulStage(Stage):
             "next_seq": self._next_seq,
             "pending": sorted(self._pending.items()),
             "taken": {name: seqs.intervals for name, seqs in self._taken.items() if seqs},
-            "windows": windows.snapshot() if windows is not None else None,
-            "keyed": keyed.snapshot() if keyed is not None else None,
+            "windows": windows.snapshot() if windows is not None and operator else None,
+            "keyed": keyed.snapshot() if keyed is not None and operator else None,
             "late": self.stats.late,
             "streams": self._streams,
             "sides": self._side_max,
@@ -434,27 +527,7 @@ class StatefulStage(Stage):
             return
         self.lineage = store.head.lineage
         try:
-            state = pickle.loads(zlib.decompress(payload))
-            if state["format"] > SNAPSHOT_FORMAT or state["kind"] != self.spec.kind:
-                raise ValueError(f"format {state['format']} of kind {state['kind']!r}")
-            self._check_streams(state.get("streams") or {})
-            self._next_seq = state["next_seq"]
-            self._pending = dict(state["pending"])
-            self._taken = {name: SeqSet(ivs) for name, ivs in state["taken"].items()}
-            if self._windows is not None:
-                spec = self.spec
-                assert spec.assigner is not None and spec.aggregate is not None
-                self._windows = WindowOperator.restore(
-                    spec.assigner,
-                    spec.aggregate,
-                    dt.timedelta(seconds=spec.lateness),
-                    state["windows"],
-                )
-                self._windows.follow_events = spec.sides == 1
-                self._side_max = list(state.get("sides") or self._side_max)
-            if self._keyed is not None:
-                self._keyed.restore(state["keyed"])
-            self.stats.late = state.get("late", 0)
+            self._restore_state(payload)
         except (StateConflict, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -465,6 +538,84 @@ class StatefulStage(Stage):
             ) from exc
         self.stats.epoch = store.epoch
         self._note_stats()
+
+    def _restore_state(self, payload: bytes) -> None:
+        """Take the state a snapshot holds, whichever backend saved it: a zlib stream of the
+        pickled stage state, or of a copy of a disk operator's file. Either goes into either
+        backend: a plain snapshot is read into memory or written into the file; a file is
+        opened in place (disk) or read into memory."""
+        spec = self.spec
+        if not is_file_snapshot(payload):
+            state = pickle.loads(zlib.decompress(payload))
+            self._take_stage_state(state)
+            self._take_operator_state(state["windows"], state["keyed"])
+            return
+        saved = unpack(payload, directory=spec.state_dir, cache_bytes=spec.cache_bytes)
+        try:
+            windows, keyed = self._reopened(saved)
+            state = saved.get_meta("stage")
+            if self._file is None:  # the operator runs in memory: read the file's state out
+                plain_windows = windows.snapshot() if windows is not None else None
+                plain_keyed = keyed.snapshot() if keyed is not None else None
+        except BaseException:
+            saved.close()
+            raise
+        if self._file is None:
+            saved.close()
+            self._take_stage_state(state)
+            self._take_operator_state(plain_windows, plain_keyed)
+            return
+        self._file.close()
+        self._file = saved
+        self._windows, self._keyed = windows, keyed
+        self._take_stage_state(state)
+
+    def _reopened(
+        self, file: StateFile
+    ) -> tuple[DiskWindowOperator | None, DiskKeyedOperator | None]:
+        """The operator whose state a restored snapshot's ``file`` holds."""
+        spec = self.spec
+        if spec.kind == "window":
+            assert spec.assigner is not None and spec.aggregate is not None
+            windows = DiskWindowOperator.reopen(
+                spec.assigner, spec.aggregate, dt.timedelta(seconds=spec.lateness), file
+            )
+            windows.follow_events = spec.sides == 1
+            return windows, None
+        assert spec.fn is not None
+        keyed = DiskKeyedOperator(
+            spec.fn, file=file, ttl=spec.ttl, max_keys=spec.max_keys, name=self.node.name
+        )
+        keyed.reopen()
+        return None, keyed
+
+    def _take_stage_state(self, state: Any) -> None:
+        if state["format"] > SNAPSHOT_FORMAT or state["kind"] != self.spec.kind:
+            raise ValueError(f"format {state['format']} of kind {state['kind']!r}")
+        self._check_streams(state.get("streams") or {})
+        self._next_seq = state["next_seq"]
+        self._pending = dict(state["pending"])
+        self._taken = {name: SeqSet(ivs) for name, ivs in state["taken"].items()}
+        self._side_max = list(state.get("sides") or self._side_max)
+        self.stats.late = state.get("late", 0)
+
+    def _take_operator_state(self, windows: Any, keyed: Any) -> None:
+        """Load a plain snapshot of the operator into the (new, empty) operator."""
+        spec = self.spec
+        if self._windows is not None:
+            assert spec.assigner is not None and spec.aggregate is not None
+            lateness = dt.timedelta(seconds=spec.lateness)
+            if self._file is None:
+                self._windows = WindowOperator.restore(
+                    spec.assigner, spec.aggregate, lateness, windows
+                )
+            else:
+                self._windows = DiskWindowOperator.restore_into(
+                    spec.assigner, spec.aggregate, lateness, windows, self._file
+                )
+            self._windows.follow_events = spec.sides == 1
+        if self._keyed is not None:
+            self._keyed.restore(keyed)
 
     def _check_streams(self, saved: Mapping[str, str]) -> None:
         """The snapshot's sequences name messages of the streams as they were when it was
@@ -527,3 +678,27 @@ class StatefulStage(Stage):
             stats.max_event_time = None if newest is None else newest / 1e6
         elif self._keyed is not None:
             stats.keys = self._keyed.keys
+        if self._file is not None:
+            stats.state_file_bytes = self._file.size()
+
+
+async def _compressed(path: str) -> AsyncIterator[bytes]:
+    """The file at ``path`` as a zlib stream, read and compressed a block at a time in a
+    thread (a large file would otherwise stall every other task of the pipeline)."""
+    compressor = zlib.compressobj(1)
+
+    def block(f: Any) -> tuple[bytes, bool]:
+        data = f.read(BLOCK)
+        if not data:
+            return compressor.flush(), True
+        return compressor.compress(data), False
+
+    f = await trio.to_thread.run_sync(open, path, "rb")
+    try:
+        done = False
+        while not done:
+            part, done = await trio.to_thread.run_sync(block, f)
+            if part:
+                yield part
+    finally:
+        f.close()
