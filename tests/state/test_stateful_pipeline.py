@@ -38,7 +38,7 @@ from headrace.state import (
     to_micros,
 )
 from headrace.state.disk import is_file_snapshot
-from headrace.state.errors import StateFenced, StateStreamRecreated
+from headrace.state.errors import StateConsumerChanged, StateFenced, StateStreamRecreated
 from headrace.state.snapshots import SnapshotStore
 
 BASE = 1_700_000_000.0  # event time of event 0 (seconds)
@@ -549,3 +549,49 @@ def test_a_sink_batch_above_max_pending_results_is_refused_in_words():
 def test_storage_options_are_checked_in_words(options: dict[str, Any], words: str):
     with pytest.raises(PipelineError, match=words):
         windowed("checked", **options)
+
+
+def test_a_stateful_operator_on_an_ephemeral_consumer_is_refused_in_words():
+    pipe = Pipeline("ephemeral")
+    (
+        pipe.source(JetStreamSource(stream="CLICKS"))
+        .key_by(lambda e: e)
+        .fold(lambda: 0, lambda n, _: n + 1)
+        .sink(MemorySink())
+    )
+    with pytest.raises(PipelineError, match="an ephemeral consumer: its state outlives the run"):
+        pipe.validate()
+
+
+async def test_a_state_read_through_another_durable_is_refused_in_words(nats_server):
+    """A durable renamed under the same pipeline and operator would deliver again everything
+    the state counted (its ack floor is not the state's): the run stops with
+    StateConsumerChanged, and a reset lets the new consumer start afresh."""
+    evs = events(500, seed=37)
+    await load(nats_server.url, evs)
+
+    def build(durable: str) -> Pipeline:
+        pipe = Pipeline("renamed", drain_timeout=10.0)
+        (
+            # The refused run took messages: a short ack wait gets them back soon.
+            pipe.source(
+                JetStreamSource(
+                    stream="CLICKS", durable=durable, config=ConsumerConfig(ack_wait=1.0)
+                )
+            )
+            .map(json.loads)
+            .key_by(lambda e: e["user"])
+            .fold(lambda: 0, lambda n, _: n + 1, snapshot_interval=0.2)
+            .sink(MemorySink())
+        )
+        return pipe
+
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(build("first"), nc)
+            with pytest.raises(StateConsumerChanged, match="consumer first of stream 'CLICKS'"):
+                await run_until_caught_up(build("second"), nc)
+            store = await SnapshotStore.open(JetStream(nc), "renamed", "fold")
+            assert await store.reset()
+            stats = await run_until_caught_up(build("second"), nc)
+    assert stats.acks == len(evs)

@@ -330,6 +330,21 @@ class PipelineGraph:
         for node in self.nodes:
             if node.kind == "stateful" and node.state is not None:
                 self._check_results_fit(node, node.state.max_pending_results)
+                self._check_durable_sources(node)
+
+    def _check_durable_sources(self, node: Node) -> None:
+        """A stateful operator's snapshot remembers what it took by stream sequence, trimmed
+        to its consumers' ack floors: an ephemeral consumer starts over on every run and
+        would deliver again what the state counted."""
+        for source in self.sources_of(node):
+            spec = source.source
+            if spec is not None and spec.durable is None:
+                raise PipelineError(
+                    f"stateful {node.name!r} is fed by source {source.name!r}, an ephemeral "
+                    "consumer: its state outlives the run, and a new consumer would deliver "
+                    "again what the state holds. Give the source a durable "
+                    "(JetStreamSource(..., durable=...))"
+                )
 
     def _check_results_fit(self, node: Node, limit: int) -> None:
         """A stateful operator stops at ``max_pending_results`` uncommitted results: a sink

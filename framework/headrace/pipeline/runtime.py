@@ -217,6 +217,15 @@ class PipelineRun:
                 found[spec.stream] = StreamIdentity.of(spec.stream, info.created).created
         return found
 
+    def stream_consumers(self, node: Node) -> dict[str, list[str]]:
+        """Per stream, the durable consumers of the sources feeding ``node`` (sorted)."""
+        found: dict[str, set[str]] = {}
+        for source in self.pipeline.sources_of(node):
+            spec = source.source
+            if spec is not None and spec.durable is not None:
+                found.setdefault(spec.stream, set()).add(spec.durable)
+        return {stream: sorted(names) for stream, names in found.items()}
+
     async def ack_floors(self) -> dict[str, int]:
         """Per stream, the lowest ack floor of the consumers of this run's sources on it."""
         floors: dict[str, int] = {}

@@ -60,6 +60,7 @@ from headrace.state.errors import (
     LateRecord,
     SnapshotCorrupt,
     StateConflict,
+    StateConsumerChanged,
     StateLimitExceeded,
     StateStreamRecreated,
 )
@@ -99,6 +100,8 @@ class StatefulHost(Protocol):
     async def ack_floors(self) -> Mapping[str, int]: ...
 
     async def stream_identities(self, node: Node) -> dict[str, str]: ...
+
+    def stream_consumers(self, node: Node) -> dict[str, list[str]]: ...
 
     def held_limit(self, node: Node) -> int: ...
 
@@ -174,8 +177,10 @@ class StatefulStage(Stage):
         self._sent_upto = 0
         self._last_record_at: float | None = None
         self._trimmed_at = 0.0
-        #: The creation time of each stream feeding the operator, kept in the snapshot.
+        #: The creation time of each stream feeding the operator, and the durable consumers
+        #: it is read through, kept in the snapshot.
         self._streams: dict[str, str] = {}
+        self._consumers: dict[str, list[str]] = {}
         #: The newest event time of each input (a join's two sides), kept in the snapshot.
         self._side_max: list[int | None] = [None] * spec.sides
         self._dirty = False
@@ -215,6 +220,7 @@ class StatefulStage(Stage):
         )
         self._make_operator()
         self._streams = await retry_transient(lambda: self.host.stream_identities(self.node))
+        self._consumers = self.host.stream_consumers(self.node)
         await self._restore()
         self.host.result_identities[self.result_stream] = StreamIdentity(
             self.result_stream, self.lineage
@@ -515,6 +521,7 @@ class StatefulStage(Stage):
             "keyed": keyed.snapshot() if keyed is not None and operator else None,
             "late": self.stats.late,
             "streams": self._streams,
+            "consumers": self._consumers,
             "sides": self._side_max,
         }
 
@@ -593,6 +600,7 @@ class StatefulStage(Stage):
         if state["format"] > SNAPSHOT_FORMAT or state["kind"] != self.spec.kind:
             raise ValueError(f"format {state['format']} of kind {state['kind']!r}")
         self._check_streams(state.get("streams") or {})
+        self._check_consumers(state.get("consumers") or {})
         self._next_seq = state["next_seq"]
         self._pending = dict(state["pending"])
         self._taken = {name: SeqSet(ivs) for name, ivs in state["taken"].items()}
@@ -629,6 +637,23 @@ class StatefulStage(Stage):
                     f"created again (at {now}; the state holds messages of the one created at "
                     f"{created}): its sequences start over. `headrace state reset` starts the "
                     "operator afresh"
+                )
+
+    def _check_consumers(self, saved: Mapping[str, list[str]]) -> None:
+        """The snapshot's sequences were taken from what its consumers delivered, and trimmed
+        to their ack floors: another consumer of the stream would deliver again what the
+        state already counted (or, starting at new messages, skip what it has not), silently.
+        Refused in words (a pipeline renamed its durable, or two pipelines share a name)."""
+        where = self.store.where if self.store else self.name
+        for stream, names in saved.items():
+            now = self._consumers.get(stream)
+            if now is not None and sorted(now) != sorted(names):
+                raise StateConsumerChanged(
+                    f"{where}: the state holds what consumer {', '.join(names)} of stream "
+                    f"{stream!r} delivered; this pipeline reads it through "
+                    f"{', '.join(now)}, which would deliver again what the state counted. Go "
+                    "back to that consumer, or `headrace state reset` to start the operator "
+                    "afresh (or give this pipeline a name of its own)"
                 )
 
     async def _trim(self) -> None:

@@ -23,9 +23,11 @@ from headrace.state.errors import (
     LeaseError,
     SnapshotCorrupt,
     StateConflict,
+    StateConsumerChanged,
     StateError,
     StateFenced,
     StateLimitExceeded,
+    StateStorageError,
     StateStreamRecreated,
 )
 from headrace.state.joins import Joined
@@ -65,9 +67,11 @@ __all__ = [
     "SnapshotHead",
     "SnapshotStore",
     "StateConflict",
+    "StateConsumerChanged",
     "StateError",
     "StateFenced",
     "StateLimitExceeded",
+    "StateStorageError",
     "StateStreamRecreated",
     "TumblingWindow",
     "WindowAssigner",

@@ -45,6 +45,13 @@ class StateStreamRecreated(StateConflict):
     the same numbers would be skipped as taken. Reset the operator's state to start over."""
 
 
+class StateConsumerChanged(StateConflict):
+    """The operator's state was built from what one durable consumer delivered, and the
+    pipeline now reads the stream through another: the new consumer would deliver again what
+    the state already counted (or skip what it has not). Go back to the consumer, or reset
+    the operator's state."""
+
+
 class StateLimitExceeded(StateConflict):
     """The state grew past a limit the operator was given (``max_keys``): stopping is better
     than growing until the process is killed for its memory. Raise the limit, shorten the
