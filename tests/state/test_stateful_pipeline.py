@@ -595,3 +595,29 @@ async def test_a_state_read_through_another_durable_is_refused_in_words(nats_ser
             assert await store.reset()
             stats = await run_until_caught_up(build("second"), nc)
     assert stats.acks == len(evs)
+
+
+@pytest.mark.slow  # 60,000 events, two runs: some seconds
+async def test_a_disk_operator_goes_on_from_a_snapshot_of_many_chunks(nats_server):
+    """60,000 users in hour-long windows: some 38,000 windows open at once, a state file of
+    megabytes whose snapshot spans several KV chunks, streamed out and back in."""
+    evs = events(60_000, users=60_000, seed=41)
+    first, second = evs[:30_000], evs[30_000:]
+    await load(nats_server.url, first)
+    kw: dict[str, Any] = {"assigner": TumblingWindow(3600), "backend": "disk"}
+    pipe, sink1 = windowed("chunks", **kw)
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+        store = await SnapshotStore.open(JetStream(nc), "chunks", "window")
+        payload = await store.load()
+        assert store.head is not None and store.head.chunks >= 2 and payload is not None
+        assert is_file_snapshot(payload)
+    await load(nats_server.url, [*second, {"user": "end", "ts": END_TS, "n": -1}])
+    pipe, sink2 = windowed("chunks", **kw)
+    async with connect(nats_server.url) as nc:
+        with trio.fail_after(60):
+            await run_until_caught_up(pipe, nc)
+    results = results_of(sink1) + results_of(sink2)
+    assert len({(r.key, r.start) for r in results}) == len(results)
+    assert as_counts(results) == tumbling_counts(evs, 3600)

@@ -53,7 +53,7 @@ from headrace.jetstream.transient import retry_transient
 from headrace.pipeline.record import Record, ResultDelivery
 from headrace.pipeline.stages import Stage, _End
 from headrace.protocol.events import Msg
-from headrace.state.disk import BLOCK, StateFile, is_file_snapshot, unpack
+from headrace.state.disk import BLOCK, StateFile, Unpacker, is_file_snapshot
 from headrace.state.disk_keyed import DiskKeyedOperator
 from headrace.state.disk_windows import DiskWindowOperator
 from headrace.state.errors import (
@@ -528,13 +528,12 @@ class StatefulStage(Stage):
     async def _restore(self) -> None:
         store = self.store
         assert store is not None
-        payload = await store.load()
-        if payload is None or store.head is None:
+        parts = await store.load_parts()
+        if parts is None:
             self.lineage = iso(dt.datetime.now(dt.UTC))
             return
-        self.lineage = store.head.lineage
         try:
-            self._restore_state(payload)
+            self._restore_state(await self._receive(parts))
         except (StateConflict, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -543,21 +542,39 @@ class StatefulStage(Stage):
                 f"operator ({type(exc).__name__}: {exc}); was the operator changed? "
                 "`headrace state reset` starts it afresh"
             ) from exc
+        assert store.head is not None  # every part read: the head is the snapshot's
+        self.lineage = store.head.lineage
         self.stats.epoch = store.epoch
         self._note_stats()
 
-    def _restore_state(self, payload: bytes) -> None:
+    async def _receive(self, parts: AsyncIterator[bytes]) -> bytes | StateFile:
+        """A snapshot's bytes, or for a copy of a disk operator's file (told by its first
+        part: a whole chunk, or the whole snapshot) the file, written as the parts come: a
+        snapshot larger than memory is never held whole."""
+        first = await anext(parts, b"")
+        if not is_file_snapshot(first):
+            return b"".join([first, *[part async for part in parts]])
+        unpacker = Unpacker(directory=self.spec.state_dir, cache_bytes=self.spec.cache_bytes)
+        try:
+            unpacker.feed(first)
+            async for part in parts:
+                unpacker.feed(part)
+        except BaseException:
+            unpacker.abandon()
+            raise
+        return unpacker.finish()
+
+    def _restore_state(self, payload: bytes | StateFile) -> None:
         """Take the state a snapshot holds, whichever backend saved it: a zlib stream of the
-        pickled stage state, or of a copy of a disk operator's file. Either goes into either
+        pickled stage state, or a copy of a disk operator's file. Either goes into either
         backend: a plain snapshot is read into memory or written into the file; a file is
         opened in place (disk) or read into memory."""
-        spec = self.spec
-        if not is_file_snapshot(payload):
+        if isinstance(payload, bytes):
             state = pickle.loads(zlib.decompress(payload))
             self._take_stage_state(state)
             self._take_operator_state(state["windows"], state["keyed"])
             return
-        saved = unpack(payload, directory=spec.state_dir, cache_bytes=spec.cache_bytes)
+        saved = payload
         try:
             windows, keyed = self._reopened(saved)
             state = saved.get_meta("stage")

@@ -176,22 +176,54 @@ def is_file_snapshot(payload: bytes) -> bool:
         return False
 
 
+class Unpacker:
+    """Writes a file snapshot into a new state file as its parts come (:meth:`feed`), a
+    block at a time, and opens it (:meth:`finish`): a snapshot larger than memory is never
+    held whole. :meth:`abandon` removes a file left unfinished."""
+
+    __slots__ = ("_out", "_stream", "cache_bytes", "path")
+
+    def __init__(
+        self, *, directory: str | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES
+    ) -> None:
+        self.path = new_path(directory)
+        self.cache_bytes = cache_bytes
+        self._stream = zlib.decompressobj()
+        try:
+            self._out = open(self.path, "wb")  # noqa: SIM115 (closed by finish or abandon)
+        except OSError as exc:
+            raise StateStorageError(f"creating {self.path}: {exc}") from exc
+
+    def feed(self, part: bytes) -> None:
+        try:
+            rest = part
+            while rest:
+                self._out.write(self._stream.decompress(rest, BLOCK))
+                rest = self._stream.unconsumed_tail
+        except OSError as exc:
+            self.abandon()
+            raise StateStorageError(f"writing a snapshot into {self.path}: {exc}") from exc
+
+    def finish(self) -> StateFile:
+        try:
+            self._out.write(self._stream.flush())
+            self._out.close()
+        except OSError as exc:
+            self.abandon()
+            raise StateStorageError(f"writing a snapshot into {self.path}: {exc}") from exc
+        return StateFile(self.path, cache_bytes=self.cache_bytes)
+
+    def abandon(self) -> None:
+        with contextlib.suppress(OSError):
+            self._out.close()
+        with contextlib.suppress(OSError):
+            os.remove(self.path)
+
+
 def unpack(
     payload: bytes, *, directory: str | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES
 ) -> StateFile:
-    """The state file a snapshot holds, decompressed a block at a time into a new file in
-    ``directory`` and opened (removed again when closed)."""
-    path = new_path(directory)
-    stream = zlib.decompressobj()
-    try:
-        with open(path, "wb") as out:
-            rest = payload
-            while rest:
-                out.write(stream.decompress(rest, BLOCK))
-                rest = stream.unconsumed_tail
-            out.write(stream.flush())
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.remove(path)
-        raise StateStorageError(f"writing a snapshot into {path}: {exc}") from exc
-    return StateFile(path, cache_bytes=cache_bytes)
+    """The state file a whole snapshot holds (:class:`Unpacker` of one part)."""
+    unpacker = Unpacker(directory=directory, cache_bytes=cache_bytes)
+    unpacker.feed(payload)
+    return unpacker.finish()

@@ -60,6 +60,8 @@ CHUNK = 512 * 1024
 #: A snapshot up to this size (bytes) is kept in the head itself: 0.43 ms a save on an idle
 #: server against 1.27 ms for a chunk, the head and a purge (6 KB; bench/README.md).
 INLINE = 256 * 1024
+#: Chunks read per request when a snapshot is loaded (4 MiB at most in memory at a time).
+READ_AHEAD = 8
 #: The head's format; a head of a newer one is refused rather than misread.
 FORMAT = 1
 
@@ -169,40 +171,65 @@ class SnapshotStore:
         the head for the next :meth:`save`'s compare-and-set. ``sweep=False`` leaves other
         chunks alone: for a reader that does not own the state (``headrace state show``),
         where they may be a running worker's save in progress."""
+        parts = await self.load_parts(sweep=sweep)
+        if parts is None:
+            return None
+        return b"".join([part async for part in parts])
+
+    async def load_parts(self, *, sweep: bool = True) -> AsyncIterator[bytes] | None:
+        """:meth:`load` as the snapshot's parts, read a few chunks at a time: a snapshot
+        larger than memory (an operator on disk) is written to its file as it comes. None
+        when there is no snapshot. The digest is checked once the last part was read
+        (:class:`SnapshotCorrupt` then, from the iteration), and only then is the head
+        remembered: read every part before trusting any."""
         try:
             entry = await retry_transient(lambda: self.kv.get(self.head_key))
         except KeyNotFound:
             self.head, self.revision = None, None
             return None
         head = SnapshotHead.from_json(entry.value, self.where)
-        if head.chunks == 0:
-            try:
-                payload = base64.b64decode(head.inline, validate=True)
-            except ValueError:
-                raise SnapshotCorrupt(
-                    f"{self.where}: snapshot epoch {head.epoch} in its head does not decode"
-                ) from None
-        else:
-            payload = await self._chunks(head)
-        if len(payload) != head.size or hashlib.sha256(payload).hexdigest() != head.digest:
+        return self._parts(head, entry.revision, sweep)
+
+    async def _parts(self, head: SnapshotHead, revision: int, sweep: bool) -> AsyncIterator[bytes]:
+        digest = hashlib.sha256()
+        size = 0
+        groups = self._inline(head) if head.chunks == 0 else self._chunk_groups(head)
+        async for group in groups:
+            for part in group:
+                digest.update(part)
+                size += len(part)
+                yield part
+        if size != head.size or digest.hexdigest() != head.digest:
             raise SnapshotCorrupt(
                 f"{self.where}: snapshot epoch {head.epoch} does not match its digest"
             )
-        self.head, self.revision = head, entry.revision
+        self.head, self.revision = head, revision
         if sweep:
             await self._sweep(head)
-        return payload
 
-    async def _chunks(self, head: SnapshotHead) -> bytes:
-        keys = [self._chunk_key(head.epoch, head.token, i) for i in range(head.chunks)]
-        found = await retry_transient(lambda: self.kv.get_many(keys))
-        missing = [k for k in keys if k not in found]
-        if missing:
+    async def _inline(self, head: SnapshotHead) -> AsyncIterator[list[bytes]]:
+        """The snapshot kept in ``head`` itself, as one group of one part."""
+        try:
+            payload = base64.b64decode(head.inline, validate=True)
+        except ValueError:
             raise SnapshotCorrupt(
-                f"{self.where}: snapshot epoch {head.epoch} misses {len(missing)} of its "
-                f"{head.chunks} chunks ({missing[0]}, ...)"
-            )
-        return b"".join(found[k].value for k in keys)
+                f"{self.where}: snapshot epoch {head.epoch} in its head does not decode"
+            ) from None
+        yield [payload]
+
+    async def _chunk_groups(self, head: SnapshotHead) -> AsyncIterator[list[bytes]]:
+        """The chunks of ``head``, :data:`READ_AHEAD` of them per request."""
+        keys = [self._chunk_key(head.epoch, head.token, i) for i in range(head.chunks)]
+        for at in range(0, len(keys), READ_AHEAD):
+            wanted = keys[at : at + READ_AHEAD]
+            found = await retry_transient(lambda wanted=wanted: self.kv.get_many(wanted))  # type: ignore[misc]
+            missing = [k for k in wanted if k not in found]
+            if missing:
+                raise SnapshotCorrupt(
+                    f"{self.where}: snapshot epoch {head.epoch} misses chunks of its "
+                    f"{head.chunks} ({missing[0]}, ...)"
+                )
+            yield [found[k].value for k in wanted]
 
     async def save(self, payload: bytes, lineage: str) -> SnapshotHead:
         """Store ``payload`` as the next epoch and make it current (see the module docs).
