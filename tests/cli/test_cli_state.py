@@ -137,6 +137,9 @@ async def test_show_decodes_the_snapshot_of_an_operator_on_disk(nats_server: Any
     assert got["next_result"] == len(results) + 1
     assert got["assigner"] == {"type": "tumbling", "size": SIZE, "slide": SIZE, "align": 0.0}
     assert sum(t["sequences"] for t in got["taken"].values()) >= 1
+    done = await state(url, "show", "ondisk", "window", "--decode")
+    assert done.returncode == 0, done.stderr
+    assert "tumbling windows of 1m, lateness 5s, kept on disk" in done.stdout.decode()
 
 
 async def test_show_before_and_after_a_windowed_run(nats_server: Any) -> None:

@@ -392,10 +392,11 @@ def describe(obj: dict[str, Any], now: float) -> list[str]:
     state = obj.get("state")
     if state is None:
         return lines
+    where = ", kept on disk" if state.get("backend") == "disk" else ""
     if state["open_windows"] is None:
-        lines.append(f"  kind      keyed state ({state['kind']}), {state['keys']:,} keys")
+        lines.append(f"  kind      keyed state ({state['kind']}){where}, {state['keys']:,} keys")
     else:
-        lines.append(f"  kind      {_window_words(state['assigner'], state['lateness'])}")
+        lines.append(f"  kind      {_window_words(state['assigner'], state['lateness'])}{where}")
         lines.append(f"  windows   {state['open_windows']:,} open, of {state['keys']:,} keys")
         mark = state["watermark"] or "none yet"
         newest = state["max_event_time"] or "none yet"

@@ -150,7 +150,10 @@ class StateSpec:
 
 
 class KeyedStream:
-    """Records of ``node`` keyed by ``key(value)``; its methods add stateful operators."""
+    """Records of ``node`` keyed by ``key(value)``; its methods add stateful operators. Each
+    also takes ``backend`` (``"memory"`` or ``"disk"``), ``state_dir``, ``cache_bytes`` and
+    ``max_pending_results``: where its state lives and when it waits for its sinks
+    (:class:`StateSpec`, docs/state.md)."""
 
     def __init__(self, node: Chain, key: Callable[[Any], Any]) -> None:
         if not callable(key):
