@@ -255,3 +255,25 @@ def test_ties_fire_in_the_same_order_on_disk(
     assert got == expected
     plain, _ = run_disk(spec, evs, 100, tmp_path, set(), copy_at)
     assert plain == expected
+
+
+def test_a_dead_process_s_state_files_are_swept(tmp_path: Path):
+    """A SIGKILLed worker never closes its file: the next state file made in the directory
+    removes it (and its snapshot copies), and leaves a live process's and other files."""
+    import subprocess
+    import sys
+
+    script = "import os; print(os.getpid())"
+    dead = int(subprocess.run([sys.executable, "-c", script], capture_output=True).stdout)
+    stale = [
+        f"headrace-state-{dead}-{'a' * 32}.db",
+        f"headrace-state-{dead}-{'b' * 32}.db.snapshot-3",
+    ]
+    alive = f"headrace-state-{os.getppid()}-{'c' * 32}.db"
+    other = "headrace-state-notes.txt"
+    for name in [*stale, alive, other]:
+        (tmp_path / name).write_bytes(b"x")
+    file = StateFile(directory=str(tmp_path))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([alive, other, os.path.basename(file.path)])
+    file.close()

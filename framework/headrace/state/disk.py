@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import sqlite3
 import tempfile
 import uuid
@@ -163,9 +164,54 @@ class StateFile:
                 os.remove(self.path)
 
 
+#: The name of every state file (and of its snapshot copies, which add a suffix): the pid
+#: of the process that made it, so that a later process can tell a dead one's files.
+PREFIX: Final = "headrace-state-"
+_NAME = re.compile(r"^headrace-state-(\d+)-[0-9a-f]{32}\.db")
+#: The directories swept in this process (once each).
+_swept: set[str] = set()
+
+
 def new_path(directory: str | None) -> str:
-    """A new file name for a state file in ``directory`` (the temporary directory if None)."""
-    return os.path.join(directory or tempfile.gettempdir(), f"headrace-state-{uuid.uuid4().hex}.db")
+    """A new file name for a state file in ``directory`` (the temporary directory if None);
+    the first in a directory sweeps it (:func:`sweep_stale`)."""
+    folder = directory or tempfile.gettempdir()
+    if folder not in _swept:
+        _swept.add(folder)
+        sweep_stale(folder)
+    return os.path.join(folder, f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex}.db")
+
+
+def sweep_stale(directory: str) -> list[str]:
+    """Remove the state files (and snapshot copies) in ``directory`` whose process is gone: a
+    worker killed with SIGKILL never closed its file, and nothing else would remove it. A
+    file whose pid is alive is left, even if that pid now names another process (a leak in
+    that rare case, never the removal of a live operator's file). The files removed."""
+    gone: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return gone
+    for name in names:
+        match = _NAME.match(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(directory, name))
+            gone.append(name)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    return True
 
 
 def is_file_snapshot(payload: bytes) -> bool:
