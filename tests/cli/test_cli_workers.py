@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import io
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from cli_support import (
 )
 from headrace.cli.main import build_parser
 from headrace.cli.metrics import Snapshot, render
+from headrace.cli.progress import JsonLines, LiveView, PartitionsHeld, PlainLines, Sample
 from headrace.cli.workers import (
     SUPERVISOR_ONLY,
     Backoff,
@@ -209,6 +211,54 @@ def test_sums_carry_counts_over_restarts_not_levels() -> None:
     # ... but the final view, once all have ended, shows their last figures.
     total = combine_stats([finished, idle, busy], final=True)
     assert total["messages_in"] == 85 and total["ack_pending"] == 5 and total["lag"] == 7
+
+
+def test_partitioned_workers_sum_their_lags_and_list_their_partitions() -> None:
+    """Workers of a partitioned pipeline read the consumers of their own partitions: their
+    lags add up; the partitions each holds are shown, and in the metrics how many."""
+    one, two = Worker(0), Worker(1)
+    one.report({"messages_in": 10, "lag": 30, "ack_pending": 2}, now=1.0)
+    two.report({"messages_in": 20, "lag": 12, "ack_pending": 1}, now=5.0)
+    one.holds({"count": 4, "held": [0, 2]})
+    two.holds({"count": 4, "held": [1, 3]})
+    total = combine_stats([one, two], partitioned=True)
+    assert total["lag"] == 42 and total["ack_pending"] == 3 and total["messages_in"] == 30
+    assert combine_stats([one, two])["lag"] == 12  # one shared consumer: the freshest
+    assert one.status().partitions == (0, 2) and two.status().partitions == (1, 3)
+    assert Worker(2).status().partitions is None  # not a partitioned pipeline
+    one.end()  # its leases go with it; its counts stay
+    assert one.status().partitions == () and one.status().messages_in == 10
+    assert combine_stats([one, two], partitioned=True)["lag"] == 12
+
+    held = PartitionsHeld(count=4, held=(1, 3))
+    lines = render(Snapshot(pipeline="p", stats=total, states={}, partitions=held)).splitlines()
+    assert 'headrace_partitions{pipeline="p"} 4' in lines
+    assert 'headrace_partitions_held{pipeline="p"} 2' in lines
+    assert "headrace_partitions" not in render(Snapshot(pipeline="p", stats=total, states={}))
+    sample = Sample(
+        pipeline="p",
+        uptime=1.0,
+        stats=total,
+        states={},
+        rate=0.0,
+        out_rate=0.0,
+        workers=(one.status(), two.status()),
+        partitions=held,
+    )
+    out = io.StringIO()
+    PlainLines(out).progress(sample)
+    assert " partitions=2/4 partitions_held=1,3" in out.getvalue()
+    out = io.StringIO()
+    JsonLines(out).progress(sample)
+    report = json.loads(out.getvalue())
+    assert report["partitions"] == {"count": 4, "held": [1, 3]}
+    assert [w["partitions"] for w in report["workers"]] == [[], [1, 3]]
+    view = LiveView(io.StringIO())
+    view._width = lambda: 200  # type: ignore[method-assign]
+    block = view._block(sample)
+    assert "  leased             2 of 4 partitions: 1, 3" in block
+    [worker] = [line for line in block if line.startswith("    #1 ")]
+    assert worker.endswith("partitions 1, 3")
 
 
 def test_backoff_doubles_and_resets_after_a_healthy_run() -> None:

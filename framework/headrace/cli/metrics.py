@@ -10,6 +10,11 @@ With ``headrace run --workers N`` one endpoint, in the supervisor, serves the wh
 :class:`Snapshot` then holds the workers' summed stats, ``state_counts`` (how many workers have
 each actor in each state: the actor-state gauges become counts, 1/0 being the one-process case)
 and the worker gauges ``headrace_workers`` and ``headrace_worker_restarts_total``.
+
+A pipeline over partitioned keys has the same metrics, its partitions' copies added up (the
+stateful operators' under each copy's name, ``operator="per-minute-p3"``), and two gauges:
+``headrace_partitions`` (how many its keys are split into) and ``headrace_partitions_held``
+(how many this process, or the workers together, hold).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import trio
 
 from headrace._version import __version__
 from headrace.actors.actor import ActorState
+from headrace.cli.progress import PartitionsHeld
 from headrace.pipeline.stats import STATEFUL
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -82,6 +88,8 @@ class Snapshot:
     workers: int | None = None
     #: With ``--workers``: times a dead worker was replaced.
     worker_restarts: int = 0
+    #: For a pipeline over partitioned keys: the partitions held (else None).
+    partitions: PartitionsHeld | None = None
 
 
 def _escape(value: str) -> str:
@@ -189,6 +197,19 @@ def render(snap: Snapshot) -> str:
     state = stats.get(STATEFUL) or {}
     if state:
         _state_metrics(out, metric, label, state)
+    if snap.partitions is not None:
+        metric(
+            "headrace_partitions",
+            "gauge",
+            "Partitions the pipeline's keys are split into.",
+            [(label, snap.partitions.count)],
+        )
+        metric(
+            "headrace_partitions_held",
+            "gauge",
+            "Partitions held (leased) by this process; with --workers, by its workers.",
+            [(label, len(snap.partitions.held))],
+        )
     if snap.workers is not None:
         metric(
             "headrace_workers",

@@ -15,6 +15,11 @@ error by default, so that standard output stays free for a sink that writes ther
 - :class:`JsonLines`: one JSON object per line, ``{"ts", "event", "pipeline", ...}``; progress
   objects carry the stats snapshot, the rates and the actor states.
 
+A pipeline over partitioned keys (docs/state.md) shows the same figures, those of its
+partitions' copies added up, and which partitions the process holds (``Sample.partitions``,
+:class:`PartitionsHeld`): a ``leased`` line in the live view, ``partitions=`` in plain lines,
+``partitions`` in JSON progress objects.
+
 With ``--workers N`` the same reporters show the supervisor's view (:mod:`headrace.cli.workers`):
 a :class:`Sample` whose stats are the workers' sums and whose ``workers`` lists each worker
 process (:class:`WorkerStatus`). Without workers, ``workers`` is empty and nothing about workers
@@ -37,6 +42,15 @@ from headrace.pipeline.stats import STATEFUL
 
 
 @attrs.frozen(slots=True, kw_only=True)
+class PartitionsHeld:
+    """The partitions a run of a partitioned pipeline holds (with ``--workers``: all its
+    workers together), of the ``count`` its keys are split into."""
+
+    count: int
+    held: tuple[int, ...]
+
+
+@attrs.frozen(slots=True, kw_only=True)
 class WorkerStatus:
     """One worker process of ``headrace run --workers N``, as its supervisor sees it."""
 
@@ -50,6 +64,8 @@ class WorkerStatus:
     restarts: int
     #: Messages this worker took, over all its processes.
     messages_in: int
+    #: The partitions it holds, for a pipeline over partitioned keys (else None).
+    partitions: tuple[int, ...] | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -67,6 +83,8 @@ class Sample:
     draining: bool = False
     #: With ``--workers``: every worker process, by index (``stats`` are then their sums).
     workers: tuple[WorkerStatus, ...] = ()
+    #: For a pipeline over partitioned keys: the partitions held (else None).
+    partitions: PartitionsHeld | None = None
 
 
 def _workers_running(workers: tuple[WorkerStatus, ...]) -> int:
@@ -199,6 +217,8 @@ class JsonLines(Reporter):
 
     def progress(self, sample: Sample) -> None:
         extra: dict[str, Any] = {}
+        if sample.partitions is not None:
+            extra["partitions"] = attrs.asdict(sample.partitions)
         if sample.workers:
             extra["workers"] = [attrs.asdict(w) for w in sample.workers]
         self.event(
@@ -253,6 +273,10 @@ class PlainLines(Reporter):
             parts[-1:-1] = [f"connected={s['connected']}", f"reconnects={s.get('reconnects', 0)}"]
         if others:
             parts.append(f"actors_other={others}")
+        if sample.partitions is not None:
+            held = sample.partitions
+            parts.append(f"partitions={len(held.held)}/{held.count}")
+            parts.append(f"partitions_held={','.join(map(str, held.held)) or '-'}")
         if sample.workers:
             workers = sample.workers
             parts.append(f"workers_running={_workers_running(workers)}/{len(workers)}")
@@ -326,6 +350,7 @@ class LiveView(Reporter):
             f"   terminated unkept {s.get('terminated_unkept', 0):,}",
             *([f"  last    {self._last_error}"] if self._last_error else []),
             *self._state_lines(_state_of(s)),
+            *self._partition_lines(sample.partitions),
             *self._connection_lines(s, len(sample.workers)),
             *self._worker_lines(sample.workers),
             "  actors",
@@ -353,6 +378,13 @@ class LiveView(Reporter):
         lines.extend(_state_line(name, f, width) for name, f in sorted(state.items()))
         return lines
 
+    @staticmethod
+    def _partition_lines(partitions: PartitionsHeld | None) -> list[str]:
+        if partitions is None:
+            return []
+        listed = ", ".join(map(str, partitions.held)) or "none"
+        return [f"  leased  {len(partitions.held):>12,} of {partitions.count} partitions: {listed}"]
+
     def _connection_lines(self, s: dict[str, Any], workers: int) -> list[str]:
         if "connected" not in s:
             return []
@@ -377,10 +409,13 @@ class LiveView(Reporter):
         ]
         for w in workers:
             pid = str(w.pid) if w.pid is not None else "-"
-            lines.append(
+            line = (
                 f"    #{w.index:<3} pid {pid:>8}  {w.state:<10}  in {w.messages_in:>12,}"
                 f"   restarts {w.restarts:,}"
             )
+            if w.partitions is not None:
+                line += f"   partitions {', '.join(map(str, w.partitions)) or '-'}"
+            lines.append(line)
         return lines
 
     def _draw(self, prefix: str = "") -> None:

@@ -55,7 +55,7 @@ from headrace.cli.failures import FailureEvents
 from headrace.cli.metrics import Snapshot, start_serving
 from headrace.cli.options import add_connection_arguments, connect_kwargs
 from headrace.cli.overrides import OverrideError, Overrides
-from headrace.cli.progress import LiveView, Reporter, Sample, make_reporter
+from headrace.cli.progress import LiveView, PartitionsHeld, Reporter, Sample, make_reporter
 from headrace.cli.target import TargetError, load_target
 from headrace.commits.errors import OutputConflict
 from headrace.errors import NatsError
@@ -72,6 +72,7 @@ from headrace.pipeline.caught_up import NotCaughtUp
 from headrace.pipeline.gc_tuning import restore_gc, tune_gc
 from headrace.pipeline.graph import Pipeline, PipelineError
 from headrace.pipeline.partitioning import Partitioning
+from headrace.pipeline.partitions import PartitionRuns, run_partitioned
 from headrace.pipeline.runtime import PipelineRun, StageError
 from headrace.pipeline.stats import STATEFUL, Failure, PipelineStats, state_figures
 from headrace.shutdown import (
@@ -297,6 +298,8 @@ class Runner:
         self.interval = interval
         self.metrics_port = metrics_port
         self.run: PipelineRun | None = None
+        #: The partitions' copies, for a pipeline over partitioned keys (instead of ``run``).
+        self.partitions: PartitionRuns | None = None
         self.started_at = time.time()
         self.stop_requested = trio.Event()
         #: SIGINT and SIGTERM, installed by command(); the ladder says what each one asks for.
@@ -318,17 +321,37 @@ class Runner:
         self.reporter.event(event, self.pipe.name, **fields)
 
     def _stats(self) -> dict[str, Any]:
-        stats = self.run.stats if self.run is not None else PipelineStats()
-        found = {**stats.snapshot(), **self.connection.figures()}
-        if self.run is not None:
-            # The stateful operators' figures, by operator: only for pipelines that have some.
-            state = state_figures(self.run.stages, time.time())
-            if state:
-                found[STATEFUL] = state
+        """The run's stats snapshot and the connection's figures, with the stateful
+        operators' under ``stateful`` (only for pipelines that have some): of the one run, or
+        of the partitions' copies added up (``PartitionRuns``), in the same form."""
+        now = time.time()
+        if self.partitions is not None:
+            counts, state = self.partitions.snapshot(), self.partitions.state_figures(now)
+        elif self.run is not None:
+            counts, state = self.run.stats.snapshot(), state_figures(self.run.stages, now)
+        else:
+            counts, state = PipelineStats().snapshot(), {}
+        found = {**counts, **self.connection.figures()}
+        if state:
+            found[STATEFUL] = state
         return found
 
     def _states(self) -> dict[str, str]:
+        if self.partitions is not None:
+            return self.partitions.states()
         return self.run.states() if self.run is not None else {}
+
+    def _draining(self) -> bool:
+        if self.partitions is not None:
+            return self.partitions.draining
+        return self.run is not None and self.run.draining
+
+    def _held(self) -> PartitionsHeld | None:
+        """The partitions this process holds, for a pipeline over partitioned keys."""
+        partitioning = self.pipe.partitioning
+        if self.partitions is None or partitioning is None:
+            return None
+        return PartitionsHeld(count=partitioning.count, held=tuple(sorted(self.partitions.held)))
 
     def sample(self) -> Sample:
         now = trio.current_time()
@@ -348,7 +371,8 @@ class Runner:
             states=self._states(),
             rate=rate,
             out_rate=out_rate,
-            draining=self.run is not None and self.run.draining,
+            draining=self._draining(),
+            partitions=self._held(),
         )
 
     def metrics_snapshot(self) -> Snapshot:
@@ -356,8 +380,9 @@ class Runner:
             pipeline=self.pipe.name,
             stats=self._stats(),
             states=self._states(),
-            draining=self.run is not None and self.run.draining,
+            draining=self._draining(),
             started_at=self.started_at,
+            partitions=self._held(),
         )
 
     def _on_failure(self, failure: Failure) -> None:
@@ -394,7 +419,7 @@ class Runner:
     async def _progress(self) -> None:
         while True:
             await trio.sleep(self.interval)
-            if self.run is not None:
+            if self.run is not None or self.partitions is not None:
                 self.report_errors()
                 self.reporter.progress(self.sample())
 
@@ -425,10 +450,10 @@ class Runner:
             name = taken.signal.name
             if taken.step is Step.DRAIN:
                 self.event("draining", signal=name)
-                self.stop_requested.set()
+                self.stop_requested.set()  # a partitioned run drains on it (_run_partitioned)
                 if self.run is not None:
                     self.run.drain()
-                elif self._main_scope is not None:
+                elif self.partitions is None and self._main_scope is not None:
                     self._main_scope.cancel()  # not running yet: nothing to drain
             elif taken.step is Step.REPEAT:
                 assert taken.since is not None
@@ -440,6 +465,8 @@ class Runner:
                     self.run.stop()
                 elif self._main_scope is not None:
                     self._main_scope.cancel()
+                    if self.partitions is not None:
+                        self.partitions.stop()  # the copies' drains too
                 nursery.start_soon(self._exit_after, HARD_STOP_GRACE, code)
             else:  # a signal after the hard stop: at once, with the hard stop's status
                 assert self.hard_exit is not None
@@ -509,30 +536,48 @@ class Runner:
     async def _run_partitioned(self, nc: Any, partitioning: Partitioning) -> int:
         """A pipeline over partitioned keys: the partitions this process leases, one copy of
         the pipeline each (``run_partitioned``, pipeline/partitions.py), until a signal; each
-        change of the partitions held is an event. The progress view and the metrics of one
-        run are not shown for it (NOTES.md)."""
-        from headrace.pipeline.partitions import run_partitioned
-
+        change of the partitions held is an event. Progress, failures and metrics are those
+        of a single run, from the copies added up (``PartitionRuns``), with the partitions
+        held."""
         self.connection.nc = nc
+        watcher = nc.events()
+        partitions = self.partitions = PartitionRuns(on_failure=self._on_failure)
+        self._last_sample = (trio.current_time(), 0, 0)
+        connected_to = nc.connected_server
         self.event(
             "started",
             pid=os.getpid(),
+            server=str(connected_to) if connected_to is not None else None,
             sources=[n.source.describe() for n in self.pipe.sources if n.source],
             sinks=[n.name for n in self.pipe.sinks],
             partitions=partitioning.count,
         )
 
         def changed(gained: frozenset[int], lost: frozenset[int]) -> None:
-            self.event("partitions", gained=sorted(gained), lost=sorted(lost))
+            self.event(
+                "partitions",
+                gained=sorted(gained),
+                lost=sorted(lost),
+                held=sorted(partitions.held),
+            )
 
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._progress)
+            nursery.start_soon(self._held_events)
+            nursery.start_soon(self.connection.watch, watcher)
+            async with trio.open_nursery() as running:
 
-            async def until_stopped() -> None:
-                await self.stop_requested.wait()
-                nursery.cancel_scope.cancel()  # each partition's copy drains, then the leases go
+                async def until_stopped() -> None:
+                    await self.stop_requested.wait()
+                    running.cancel_scope.cancel()  # each copy drains, then the leases go
 
-            nursery.start_soon(until_stopped)
-            await run_partitioned(self.pipe, nc, partitioning, on_change=changed)
+                running.start_soon(until_stopped)
+                await run_partitioned(
+                    self.pipe, nc, partitioning, on_change=changed, runs=partitions
+                )
+            nursery.cancel_scope.cancel()
+        self._say_held()
+        self.reporter.progress(self.sample())
         return EXIT_OK
 
     @staticmethod

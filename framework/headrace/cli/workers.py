@@ -25,6 +25,13 @@ consumer's ``num_pending``: a sum would count it N times, and a maximum would ke
 worker's stale figure after the backlog is gone. What a worker did after its last report before
 it was killed is lost to the sums; reports come at least once a second.
 
+Partitioned pipelines (docs/state.md). Each worker reports the figures of the partitions it
+holds, added up as one run's (``PartitionRuns``), and which they are; the sums are made the same
+way but for ``lag``, which is summed over the live workers: each partition has its consumer, so
+the workers' lags are of different consumers and add up. The stateful operators' figures are
+per partition's copy (``per-minute-p3``), each from the worker with its newest snapshot, its
+owner, as for any stateful operator; the partitions held are the union of the workers'.
+
 Signals. Workers run in their own process group, so a Ctrl-C on the terminal reaches the
 supervisor only; the first SIGINT/SIGTERM to it forwards one SIGTERM to each worker (each drains:
 commits and acks what it holds) and waits for them all. A signal within a second of the one
@@ -84,9 +91,16 @@ from headrace.cli.exits import exit_now as _exit_now
 from headrace.cli.exits import fail as _fail
 from headrace.cli.metrics import Snapshot, start_serving
 from headrace.cli.options import PASSWORD_ENV, TOKEN_ENV
-from headrace.cli.progress import Reporter, Sample, WorkerStatus
+from headrace.cli.progress import PartitionsHeld, Reporter, Sample, WorkerStatus
 from headrace.pipeline.graph import Pipeline
-from headrace.pipeline.stats import STATEFUL, PipelineStats
+from headrace.pipeline.stats import (
+    FAILURES,
+    STATEFUL,
+    PipelineStats,
+    add_counts,
+    is_number,
+    merge_states,
+)
 from headrace.shutdown import (
     SAME_REQUEST_WINDOW,
     STOP_SIGNALS,
@@ -141,13 +155,7 @@ _FLAGS = (("tls_first", "--tls-first"),)
 #: workers whose counter named here went up last (module docs).
 LEVELS = frozenset({"ack_pending", "connected", "lag", "commit_seconds_last"})
 SUMMED_LEVELS = ("ack_pending", "connected")
-#: The stats field that counts failures per actor and error type: summed key by key.
-FAILURES = "failures"
 FRESHEST: dict[str, str] = {"lag": "messages_in", "commit_seconds_last": "batches_committed"}
-
-#: Actor states, most telling first: the merged view of an actor shows the first one that any
-#: worker reports (one failed sink shows, though the other workers' sinks run).
-_STATE_ORDER = ("failed", "restarting", "starting", "draining", "running", "stopped")
 
 
 # -- the worker's side ------------------------------------------------------------------------
@@ -264,26 +272,12 @@ class Backoff:
         return delay
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _add_failures(into: dict[str, Any], counts: Any) -> None:
-    """Add a report's ``failures`` (actor -> error type -> count) to ``into[FAILURES]``."""
-    if not isinstance(counts, dict):
-        return
-    total: dict[str, dict[str, int]] = into.setdefault(FAILURES, {})
-    for actor, by_type in counts.items():
-        if not isinstance(by_type, dict):
-            continue
-        mine = total.setdefault(actor, {})
-        for kind, n in by_type.items():
-            if _is_number(n):
-                mine[kind] = mine.get(kind, 0) + n
-
-
 def combine_stats(
-    workers: Iterable[Worker], window: float = WORKER_INTERVAL_MAX, *, final: bool = False
+    workers: Iterable[Worker],
+    window: float = WORKER_INTERVAL_MAX,
+    *,
+    final: bool = False,
+    partitioned: bool = False,
 ) -> dict[str, Any]:
     """One stats snapshot for the pipeline, from each worker's carried counts and its current
     process's last report.
@@ -292,25 +286,25 @@ def combine_stats(
     report, as one process's final stats show its last lag and unsettled messages. ``lag``:
     reports are ``window`` seconds apart, so the figures that went up within ``window`` of the
     freshest cannot be ordered; of those, the smallest (a backlog being worked off shrinks: the
-    smallest is the latest). ``commit_seconds_last``: the freshest."""
+    smallest is the latest); ``partitioned`` (each worker reads the consumers of its own
+    partitions), their sum. ``commit_seconds_last``: the freshest."""
     workers = list(workers)
     total: dict[str, Any] = PipelineStats().snapshot()  # every field, even before a report
     total[FAILURES] = {}
     for counts in [*(w.carried for w in workers), *(w.stats or {} for w in workers)]:
-        for key, value in counts.items():
-            if key not in LEVELS and _is_number(value):
-                total[key] = total.get(key, 0) + value
-            elif key == FAILURES:
-                _add_failures(total, value)
+        add_counts(total, counts, LEVELS)
     reports = [(w.stats, w.fresh) for w in workers if w.stats is not None]
     if final:
         reports = [(w.last, w.last_fresh) for w in workers if w.last is not None]
-    for level in SUMMED_LEVELS:
-        total[level] = sum(stats[level] for stats, _ in reports if _is_number(stats.get(level)))
+    summed = (*SUMMED_LEVELS, "lag") if partitioned else SUMMED_LEVELS
+    for level in summed:
+        total[level] = sum(stats[level] for stats, _ in reports if is_number(stats.get(level)))
     state = _merge_state(stats for stats, _ in reports)
     if state:
         total[STATEFUL] = state
     for key in FRESHEST:
+        if key in summed:
+            continue
         fresh = [(at[key], stats[key]) for stats, at in reports if key in at]
         if not fresh:
             continue
@@ -337,21 +331,6 @@ def _merge_state(reports: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return merged
 
 
-def merge_states(per_worker: Iterable[dict[str, str]]) -> dict[str, str]:
-    """Actor -> state over the workers: the most telling state any worker reports."""
-
-    def rank(state: str) -> int:
-        # A state this module does not know is shown rather than hidden.
-        return _STATE_ORDER.index(state) if state in _STATE_ORDER else -1
-
-    merged: dict[str, str] = {}
-    for states in per_worker:
-        for actor, state in states.items():
-            if actor not in merged or rank(state) < rank(merged[actor]):
-                merged[actor] = state
-    return merged
-
-
 @attrs.define
 class Worker:
     """One worker slot: its current process and everything kept across its processes."""
@@ -368,6 +347,8 @@ class Worker:
     #: The current process's last stats report, and its actors' states.
     stats: dict[str, Any] | None = None
     states: dict[str, str] = attrs.field(factory=dict)
+    #: The partitions the current process holds, for a partitioned pipeline (else None).
+    partitions: tuple[int, ...] | None = None
     #: Level (FRESHEST) -> when (trio clock) the current process's figure for it was last new.
     fresh: dict[str, float] = attrs.field(factory=dict)
     #: Counts of the processes that ended, summed.
@@ -390,25 +371,29 @@ class Worker:
         self.terms_sent = 0
         self.stats, self.states, self.fresh, self.message = None, {}, {}, None
 
+    def holds(self, partitions: Any) -> None:
+        """A progress report's ``partitions`` (``{"count", "held"}``), if it has any."""
+        held = partitions.get("held") if isinstance(partitions, dict) else None
+        if isinstance(held, list):
+            self.partitions = tuple(p for p in held if isinstance(p, int))
+
     def report(self, stats: dict[str, Any], now: float) -> None:
         """A stats report of the current process, read at ``now``."""
         before = self.stats or {}
         for level, counter in FRESHEST.items():
-            if _is_number(stats.get(level)) and stats.get(counter, 0) != before.get(counter, 0):
+            if is_number(stats.get(level)) and stats.get(counter, 0) != before.get(counter, 0):
                 self.fresh[level] = now
         self.stats = stats
 
     def end(self) -> None:
         """The process is gone: carry its counts over; its levels go with it. Its actors' last
         states are kept for the final report (:meth:`Supervisor.states`)."""
-        for key, value in (self.stats or {}).items():
-            if key not in LEVELS and _is_number(value):
-                self.carried[key] = self.carried.get(key, 0) + value
-            elif key == FAILURES:
-                _add_failures(self.carried, value)
+        add_counts(self.carried, self.stats or {}, LEVELS)
         self.last, self.last_fresh = self.stats, self.fresh
         self.proc, self.stats, self.fresh = None, None, {}
         self.state = "exited"
+        if self.partitions is not None:
+            self.partitions = ()  # its leases go with it (released, or left to expire)
 
     def status(self) -> WorkerStatus:
         messages = self.carried.get("messages_in", 0) + (self.stats or {}).get("messages_in", 0)
@@ -418,6 +403,7 @@ class Worker:
             state=self.state,
             restarts=self.restarts,
             messages_in=messages,
+            partitions=self.partitions,
         )
 
 
@@ -499,8 +485,11 @@ class Supervisor:
         worker_interval: float = WORKER_INTERVAL_MAX,
         metrics_port: int | None = None,
         details: dict[str, Any] | None = None,
+        partitions: int | None = None,
     ) -> None:
         self.pipeline = pipeline
+        #: For a pipeline over partitioned keys: how many partitions (else None).
+        self.partitions = partitions
         self.argv = argv
         self.env = env or {}
         self.reporter = reporter
@@ -539,7 +528,19 @@ class Supervisor:
 
     def stats(self, *, final: bool = False) -> dict[str, Any]:
         # Two intervals: a report is read a little after it was written.
-        return combine_stats(self.workers, 2 * self.worker_interval, final=final)
+        return combine_stats(
+            self.workers,
+            2 * self.worker_interval,
+            final=final,
+            partitioned=self.partitions is not None,
+        )
+
+    def held(self) -> PartitionsHeld | None:
+        """The partitions the workers hold, together (a partitioned pipeline only)."""
+        if self.partitions is None:
+            return None
+        held = {p for w in self.workers if w.alive for p in w.partitions or ()}
+        return PartitionsHeld(count=self.partitions, held=tuple(sorted(held)))
 
     def sample(self, *, final: bool = False) -> Sample:
         now = trio.current_time()
@@ -560,6 +561,7 @@ class Supervisor:
             out_rate=out_rate,
             draining=self.stop_level > 0,
             workers=tuple(w.status() for w in self.workers),
+            partitions=self.held(),
         )
 
     def metrics_snapshot(self) -> Snapshot:
@@ -578,6 +580,7 @@ class Supervisor:
             state_counts={actor: dict(c) for actor, c in counts.items()},
             workers=sum(1 for w in self.workers if w.alive),
             worker_restarts=sum(w.restarts for w in self.workers),
+            partitions=self.held(),
         )
 
     async def _progress(self) -> None:
@@ -606,6 +609,7 @@ class Supervisor:
         if event == "progress":
             if isinstance(fields.get("stats"), dict):
                 worker.report(fields["stats"], trio.current_time())
+            worker.holds(fields.get("partitions"))
             if isinstance(fields.get("states"), dict):
                 worker.states = fields["states"]
         elif event == "stopped":
@@ -875,6 +879,13 @@ def supervise(
     if problem is not None:
         return _fail(problem)
     worker_interval = min(interval, WORKER_INTERVAL_MAX)
+    details: dict[str, Any] = {
+        "sources": [n.source.describe() for n in pipe.sources if n.source],
+        "sinks": [n.name for n in pipe.sinks],
+    }
+    partitions = pipe.partitioning.count if pipe.partitioning is not None else None
+    if partitions is not None:
+        details["partitions"] = partitions
     supervisor = Supervisor(
         pipeline=pipe.name,
         argv=worker_argv(args, worker_interval),
@@ -884,10 +895,8 @@ def supervise(
         interval=interval,
         worker_interval=worker_interval,
         metrics_port=args.metrics_port,
-        details={
-            "sources": [n.source.describe() for n in pipe.sources if n.source],
-            "sinks": [n.name for n in pipe.sinks],
-        },
+        details=details,
+        partitions=partitions,
     )
     # Caught until the process exits, never uninstalled: after the last `stopped` event a
     # signal cannot change the exit status (see StopLadder.after_stopped).

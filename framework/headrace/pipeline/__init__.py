@@ -32,7 +32,7 @@ from headrace.pipeline.graph import Node, Pipeline, PipelineError, run_until_cau
 from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.lookup import LookupMissing, LookupSpec
 from headrace.pipeline.partitioning import Partitioning
-from headrace.pipeline.partitions import partition_graph, run_partitioned
+from headrace.pipeline.partitions import PartitionRuns, partition_graph, run_partitioned
 from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
@@ -57,6 +57,7 @@ __all__ = [
     "LookupSpec",
     "Node",
     "NotCaughtUp",
+    "PartitionRuns",
     "Partitioning",
     "Pipeline",
     "PipelineEnded",

@@ -3,6 +3,11 @@
 Plain attributes updated in place by the pipeline's actors (one thread, no locks); read them
 at any time. ``snapshot()`` gives a dict for logs and metrics.
 
+Several runs seen as one (the partitions' copies of one process, the worker processes of
+``headrace run --workers``) add their snapshots up: :func:`add_counts` sums the counters and
+leaves out the :data:`LEVELS`, which say what is so now, not what has happened, and so are not
+kept once a run has stopped; :func:`merge_states` shows each actor's most telling state.
+
 A count alone does not say what is wrong (``errors=900``): every operator and sink failure the
 pipeline survives is reported through :meth:`PipelineStats.failure`, which counts it (in total,
 and per actor and error type in ``failures``), keeps it as ``last_failure`` (the error, the actor,
@@ -13,7 +18,7 @@ through which ``headrace run`` turns failures into events.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -149,11 +154,84 @@ class PipelineStats:
         return attrs.asdict(self, filter=_not_snapshot)
 
 
+#: Fields of the snapshot that are levels (what is so now), not counts (what has happened): a
+#: run that stopped has none any more, so they are not carried over from it.
+LEVELS = frozenset({"ack_pending", "retrying", "lag", "commit_seconds_last"})
+#: The field that counts failures per actor and error type: added up key by key.
+FAILURES = "failures"
+
+
+def is_number(value: Any) -> bool:
+    """An int or a float that is not a bool (a figure that adds up)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def add_failures(into: dict[str, Any], counts: Any) -> None:
+    """Add ``counts`` (a snapshot's ``failures``: actor -> error type -> count) to
+    ``into[FAILURES]``; anything else in ``counts`` (a report read from another process) is
+    left out."""
+    if not isinstance(counts, dict):
+        return
+    total: dict[str, dict[str, int]] = into.setdefault(FAILURES, {})
+    for actor, by_type in counts.items():
+        if not isinstance(by_type, dict):
+            continue
+        mine = total.setdefault(actor, {})
+        for kind, n in by_type.items():
+            if is_number(n):
+                mine[kind] = mine.get(kind, 0) + n
+
+
+def add_counts(
+    into: dict[str, Any], snapshot: Mapping[str, Any], levels: frozenset[str] = LEVELS
+) -> None:
+    """Add the counts of ``snapshot`` (a :meth:`PipelineStats.snapshot`) to ``into``: every
+    number but the ``levels``, and the failures key by key. What a run that stopped did is
+    kept this way, so that totals never go down (Prometheus counters)."""
+    for key, value in snapshot.items():
+        if key not in levels and is_number(value):
+            into[key] = into.get(key, 0) + value
+        elif key == FAILURES:
+            add_failures(into, value)
+
+
+#: Actor states, most telling first: the merged view of an actor shows the first one that any
+#: run reports (one failed sink shows, though the other runs' sinks run).
+STATE_ORDER = ("failed", "restarting", "starting", "draining", "running", "stopped")
+
+
+def merge_states(runs: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """Actor -> state over several runs of one pipeline (its partitions' copies, its worker
+    processes), which name their actors alike: the most telling state any of them reports."""
+
+    def rank(state: str) -> int:
+        # A state this module does not know is shown rather than hidden.
+        return STATE_ORDER.index(state) if state in STATE_ORDER else -1
+
+    merged: dict[str, str] = {}
+    for states in runs:
+        for actor, state in states.items():
+            if actor not in merged or rank(state) < rank(merged[actor]):
+                merged[actor] = state
+    return merged
+
+
 #: The prefix of a stateful operator's stage name (``stateful:<node>``).
 STATEFUL_PREFIX = "stateful:"
 #: The key of :func:`state_figures` in the stats ``headrace run`` reports (progress, metrics),
 #: present when the pipeline has stateful operators.
 STATEFUL = "stateful"
+
+
+#: The state figures a stateful stage counts from 0 when it starts (``late`` is not one: it is
+#: kept in the state and restored with it).
+STATE_COUNTS = (
+    "snapshots",
+    "snapshot_seconds",
+    "results_emitted",
+    "skipped_redeliveries",
+    "backpressure_waits",
+)
 
 
 def state_figures(stages: Mapping[str, Any], now: float) -> dict[str, dict[str, Any]]:
