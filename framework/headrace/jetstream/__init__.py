@@ -56,6 +56,7 @@ from headrace.jetstream.errors import (
     InvalidBatchCommit,
     InvalidBatchId,
     InvalidConfigValue,
+    InvalidConsumerReset,
     InvalidMessageTTL,
     InvalidNameError,
     InvalidPauseUntil,
@@ -141,6 +142,7 @@ from headrace.jetstream.pull_consumer import PullConsumer
 from headrace.jetstream.pull_request import PullRequest
 from headrace.jetstream.pull_subscription import PullSubscription
 from headrace.jetstream.push import PushSubscription
+from headrace.jetstream.reset import ConsumerReset
 from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.stored_message import StoredMessage
 from headrace.jetstream.stream_config import (
@@ -204,6 +206,7 @@ __all__ = [
     "ConsumerNotFound",
     "ConsumerPause",
     "ConsumerRecreated",
+    "ConsumerReset",
     "DeletePolicy",
     "DeliverPolicy",
     "DirectBatch",
@@ -221,6 +224,7 @@ __all__ = [
     "InvalidBatchId",
     "InvalidBucketName",
     "InvalidConfigValue",
+    "InvalidConsumerReset",
     "InvalidKey",
     "InvalidMessageTTL",
     "InvalidNameError",

@@ -44,6 +44,7 @@ from headrace.jetstream.msg_ttl import NATS_TTL, MessageTTL, ttl_header
 from headrace.jetstream.names import agreed_name, check_consumer, check_stream
 from headrace.jetstream.pause import ConsumerPause, PauseUntil, pause_api, pause_deadline
 from headrace.jetstream.priority import check_group_name, unpin_api
+from headrace.jetstream.reset import ConsumerReset, reset_api, reset_body
 from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.stored_message import StoredMessage, from_direct_reply
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
@@ -274,6 +275,28 @@ class JetStreamAPI:
         check_stream("stream", stream)
         check_consumer("name", name)
         return from_json(ConsumerPause, await self.api_request(pause_api(stream, name)))
+
+    async def reset_consumer(self, stream: str, name: str, seq: int | None = None) -> ConsumerReset:
+        """Start a consumer over (nats-server 2.14+, ``headrace.jetstream.reset``): from its
+        ack floor, or from stream sequence ``seq``. Every delivery it waited on an ack for is
+        forgotten, and the stream is delivered again from there in order.
+        :class:`InvalidConsumerReset` for a sequence its deliver policy does not allow;
+        :class:`ConsumerNotFound` / :class:`StreamNotFound` for a consumer that is not there
+        (the call is answered by the consumer itself, so nothing answers then: the info
+        request after the timeout says which); :class:`RequestTimeout` from a server too old
+        to know the call (:func:`~headrace.jetstream.reset.supports_reset` tells by its
+        version)."""
+        check_stream("stream", stream)
+        check_consumer("name", name)
+        try:
+            answer = await self.api_request(reset_api(stream, name), reset_body(seq))
+        except RequestTimeout:
+            await self.consumer_info(stream, name)  # ConsumerNotFound, StreamNotFound
+            raise
+        reset_seq = answer.get("reset_seq")
+        if isinstance(reset_seq, bool) or not isinstance(reset_seq, int):
+            raise DecodeError(f"a consumer reset's answer has no reset_seq: {answer!r:.120}")
+        return ConsumerReset(reset_seq, from_json(ConsumerInfo, answer))
 
     async def consumers(self, stream: str) -> AsyncIterator[ConsumerInfo]:
         check_stream("stream", stream)

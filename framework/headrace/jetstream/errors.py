@@ -126,6 +126,15 @@ class PriorityGroupNotFound(PriorityGroupError, JetStreamAPIError):
     err_codes = (10160,)
 
 
+class InvalidConsumerReset(JetStreamAPIError):
+    """A consumer reset (nats-server 2.14+) the server refuses: a sequence below where the
+    consumer's deliver policy starts (``DeliverByStartSequence``, ``DeliverByStartTime``), or
+    any sequence on a consumer of another deliver policy (``DeliverNew``, ``DeliverLast``,
+    ...), which can only be reset to its ack floor."""
+
+    err_codes = (10204,)
+
+
 class InvalidPauseUntil(JetStreamError, ValueError):
     """A consumer pause (nats-server 2.11+) the client refuses before sending it: a naive
     ``datetime`` (no timezone: no moment on the server's clock), a negative or non-finite
@@ -241,6 +250,7 @@ _BY_CODE: dict[int, type[JetStreamAPIError]] = {
         InvalidMessageTTL,
         PriorityGroupConfigError,
         PriorityGroupNotFound,
+        InvalidConsumerReset,
         AtomicPublishDisabled,
         AtomicBatchSequenceMissing,
         AtomicBatchIncomplete,
