@@ -27,7 +27,9 @@ after it is written once. Kill the worker at any moment and start it again: ever
 Settings come from the environment: ``CLICKS_STREAM`` (CLICKS), ``CLICKS_DURABLE``
 (clicks-per-minute), ``CLICKS_OUT`` (clicks-out), ``CLICKS_LATENESS`` (30, seconds) and
 ``CLICKS_ACK_WAIT`` (30, seconds: the consumer's ack_wait, after which the clicks a crashed or
-stalled worker held are delivered again; an existing consumer must have the same).
+stalled worker held are delivered again; an existing consumer must have the same);
+``CLICKS_BACKEND`` (memory; ``disk`` keeps the open windows in a SQLite file, for more users
+than memory holds) and ``CLICKS_STATE_DIR`` (where that file goes; the temporary directory).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def make_pipeline() -> Pipeline:
     out = os.environ.get("CLICKS_OUT", "clicks-out")
     lateness = float(os.environ.get("CLICKS_LATENESS", "30"))
     ack_wait = float(os.environ.get("CLICKS_ACK_WAIT", "30"))
+    backend = os.environ.get("CLICKS_BACKEND", "memory")
+    state_dir = os.environ.get("CLICKS_STATE_DIR") or None
     pipe = Pipeline("clickstream", dead_letter="dead.clicks", max_deliveries=3)
     clicks = pipe.source(
         JetStreamSource(
@@ -89,6 +93,8 @@ def make_pipeline() -> Pipeline:
             event_time=click_time,
             lateness=timedelta(seconds=lateness),
             name="per-minute",
+            backend="disk" if backend == "disk" else "memory",
+            state_dir=state_dir,
         )
         .map(as_row, name="row")
         .sink(JsonlSink(out), name="counts", batch=BatchPolicy(max_messages=1000, max_age=1.0))

@@ -411,14 +411,16 @@ async def assert_exact(
     assert sum(got.values()) == CLICKS
 
 
+@pytest.mark.parametrize("backend", ["memory", "disk"])
 async def test_a_backlog_is_replayed_in_order_after_a_kill(
-    nats_server: Any, natspy: NatsPyPeer, tmp_path: Path
+    nats_server: Any, natspy: NatsPyPeer, tmp_path: Path, backend: str
 ) -> None:
     """All 200,000 clicks and the far-future one are in the stream before the first worker
     starts; it is killed twice mid-way. A restarted worker waits for what the dead one held to
     come back (their ack wait) before it pulls anything newer, so the stream is replayed in
     order: no click turns late (before that wait, one kill made 2,503 of them late with a
-    lateness of 600 s), every window once, exact."""
+    lateness of 600 s), every window once, exact. With the windows on disk, the killed
+    workers' state files are swept by the next one: none is left at the end."""
     rng = random.Random(23)
     clicks = load_example().sample_clicks(CLICKS, seed=5)
     url = nats_server.url
@@ -430,8 +432,14 @@ async def test_a_backlog_is_replayed_in_order_after_a_kill(
         done = await publish_acked(nc, map(as_message, [*clicks, SENTINEL]))
         assert done.refused == 0
     out = tmp_path / "out"
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
     env = clean_env(
-        CLICKS_OUT=str(out), CLICKS_LATENESS=str(LATENESS), CLICKS_ACK_WAIT=str(ACK_WAIT)
+        CLICKS_OUT=str(out),
+        CLICKS_LATENESS=str(LATENESS),
+        CLICKS_ACK_WAIT=str(ACK_WAIT),
+        CLICKS_BACKEND=backend,
+        CLICKS_STATE_DIR=str(state_dir) if backend == "disk" else "",
     )
     args = ("run", str(EXAMPLE), "--nats", url, "--json-logs", "--interval", "1")
     story: list[str] = []
@@ -453,6 +461,8 @@ async def test_a_backlog_is_replayed_in_order_after_a_kill(
         info = await consumer_info(natspy)
         floor = info.ack_floor.stream_seq
         story.append(f"worker {cycle} killed {delay:.2f}s on: {consumer_summary(info)}")
+        if backend == "disk":  # the dead worker's file is left behind: the state was there
+            assert list(state_dir.glob("headrace-state-*.db")), "no state file on disk"
         assert floor < CLICKS, "the worker was through before its kill\n" + "\n".join(story)
     async with headrace(*args, env=env) as worker:
         await worker.wait_event("started", timeout=30)
@@ -468,4 +478,5 @@ async def test_a_backlog_is_replayed_in_order_after_a_kill(
         code = await worker.wait_exit(60)
         assert code == 0, f"exit code {code}\n{worker.transcript()}"
         story.append(f"last worker: {consumer_summary(info)}; {worker_summary(worker)}")
+    assert list(state_dir.iterdir()) == [], "state files left behind"
     await assert_exact(natspy, out, clicks, "\n".join(story))

@@ -24,9 +24,10 @@ import trio
 
 from headrace.actors.actor import Actor
 from headrace.commits.errors import OutputConflict
-from headrace.errors import SubscriptionClosedError
+from headrace.errors import RequestTimeout, SubscriptionClosedError
 from headrace.jetstream.errors import JetStreamError, JetStreamUnavailable
-from headrace.jetstream.transient import is_transient
+from headrace.jetstream.reset import supports_reset
+from headrace.jetstream.transient import is_transient, retry_transient
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT
 from headrace.pipeline.batch import Batch
 from headrace.pipeline.record import Record
@@ -218,7 +219,7 @@ class SourceStage(Stage):
             ) as sub:
                 self.subscription = sub
                 if self.run_.replays_in_order(self.node):
-                    await self._wait_for_redeliveries(sub.consumer.cached_info)
+                    await self._replay_in_order(sub.consumer.cached_info)
                 async with sub.consume(spec.consume_options()) as messages:
                     self.buffer = messages
                     self.run_.bound(self, sub.consumer.cached_info)
@@ -236,18 +237,58 @@ class SourceStage(Stage):
                 await self._pump(sub, tracker)
         await self.forward_end()
 
-    async def _wait_for_redeliveries(self, info: ConsumerInfo) -> None:
+    async def _replay_in_order(self, info: ConsumerInfo) -> None:
         """Before the first pull of a source feeding a stateful operator: if the consumer has
-        messages delivered and not acked (a worker before this one died holding them), wait
-        until their ack wait has passed, so that the server hands them out again before
-        anything newer (it serves redeliveries first). Otherwise this worker would take newer
-        messages for up to an ack wait first, moving the watermark ahead of the ones it will
-        get back, which would then be late (found by tests/state/test_stateful_faults.py: 2,503
-        records dead-lettered with a lateness of 600 s after one kill). Every message pending
-        was delivered at or before the consumer's last delivery, so that plus the ack wait
-        bounds the wait; a drain asked meanwhile ends it."""
+        messages delivered and not acked (a worker before this one died holding them), have
+        them come back before anything newer. Otherwise this worker takes newer messages
+        first, moves the watermark ahead of the ones it gets back, and those are late (2,503
+        records dead-lettered with a lateness of 600 s after one kill, in
+        tests/state/test_stateful_faults.py).
+
+        The consumer is reset to its ack floor (nats-server 2.14+, ``reset_consumer``): the
+        server forgets what it waited on and delivers the stream from the floor in order, at
+        once. Messages above the floor that were acked come again too; the operator's state
+        holds them and skips them by their sequence. Waiting for the ack wait to pass instead
+        (what a server without the call gets, :meth:`_wait_for_redeliveries`) is not enough:
+        the server queues expired messages on a timer that puts its check off while acks
+        come in, and one redelivery behind 3,600 newer messages was late in
+        test_headrace_run_workers_share_the_partitions_one_killed."""
         if not info.num_ack_pending:
             return
+        server = self.run_.js.nc.server_info
+        if supports_reset(server.version if server is not None else ""):
+            try:
+                reset = await retry_transient(
+                    lambda: self.run_.js.reset_consumer(info.stream_name, info.name)
+                )
+            except (RequestTimeout, JetStreamError) as exc:
+                log.warning(
+                    "source %s: consumer %s could not be reset to its ack floor (%s); waiting "
+                    "for its redeliveries instead",
+                    self.node.name,
+                    info.name,
+                    exc,
+                )
+            else:
+                log.info(
+                    "source %s: %d messages of consumer %s were held by a worker that is gone; "
+                    "the consumer starts again from its ack floor, %d (stateful pipelines "
+                    "replay in stream order)",
+                    self.node.name,
+                    info.num_ack_pending,
+                    info.name,
+                    reset.reset_seq,
+                )
+                return
+        await self._wait_for_redeliveries(info)
+
+    async def _wait_for_redeliveries(self, info: ConsumerInfo) -> None:
+        """:meth:`_replay_in_order` on a server without the reset call: wait until the ack
+        wait of the pending messages has passed, so that the server, which serves
+        redeliveries first, hands them out before anything newer (most of the time: see
+        there). Every message pending was delivered at or before the consumer's last
+        delivery, so that plus the ack wait bounds the wait; a drain asked meanwhile ends
+        it."""
         ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
         last = info.delivered.last_active
         waited = 0.0 if last is None else (dt.datetime.now(dt.UTC) - last).total_seconds()
