@@ -76,13 +76,25 @@ def add_parser(commands: Any) -> None:
         "--entities",
         type=int,
         default=None,
-        help="checkpoints only: entities the events are spread over (200)",
+        help=(
+            "checkpoints: entities the events are spread over (200); windows: users the "
+            "clicks are spread over (1000: more users, more state)"
+        ),
     )
     bench.add_argument(
         "--concurrency",
         type=int,
         default=None,
         help="checkpoints only: the workers' concurrency (default: theirs, min(CPUs x 5, 20))",
+    )
+    bench.add_argument(
+        "--window-size",
+        type=int,
+        default=None,
+        help=(
+            "windows only: the tumbling windows' size in seconds (60); with many --entities, "
+            "a longer window keeps more windows open at once (more state)"
+        ),
     )
     bench.add_argument("--json", action="store_true", help="one JSON object per line")
     bench.add_argument(
@@ -358,7 +370,11 @@ def _bench_windows(args: argparse.Namespace) -> int:
         return 2
     try:
         results = windows.run(
-            args.messages, buffer=args.buffer or windows.BUFFER, as_json=args.json
+            args.messages,
+            buffer=args.buffer or windows.BUFFER,
+            users=args.entities or windows.USERS,
+            window_s=args.window_size or windows.WINDOW_S,
+            as_json=args.json,
         )
     except (LocalServerError, consume.BenchmarkError) as exc:
         print(f"headrace bench: {exc}", file=sys.stderr)

@@ -80,8 +80,11 @@ from headrace_bench.consume import (
 )
 
 HEADRACE = "headrace-windows"
+HEADRACE_DISK = "headrace-windows-disk"
 BYTEWAX = "bytewax"
-IMPLS = (HEADRACE, BYTEWAX)
+IMPLS = (HEADRACE, HEADRACE_DISK, BYTEWAX)
+#: The window operator's backend of each headrace line.
+BACKENDS = {HEADRACE: "memory", HEADRACE_DISK: "disk"}
 STREAM = "CLICKS"
 SUBJECTS = "clicks.>"
 MESSAGES = 1_000_000
@@ -113,12 +116,12 @@ _ME = [sys.executable, "-m", "headrace_bench.windows"]
 # -- the clicks and the expected counts -------------------------------------------------------
 
 
-def clicks(n: int, *, seed: int = SEED) -> Iterator[tuple[str, int, str]]:
+def clicks(n: int, *, seed: int = SEED, users: int = USERS) -> Iterator[tuple[str, int, str]]:
     """The ``n`` clicks as ``(user, event time in microseconds, page)`` (see the module
-    docs); the same ``n`` and ``seed`` give the same clicks."""
+    docs), by ``users`` users; the same ``n``, ``seed`` and ``users`` give the same clicks."""
     rng = random.Random(seed)
     for i in range(n):
-        user = f"u{rng.randrange(USERS)}"
+        user = f"u{rng.randrange(users)}"
         t_us = BASE_US + i * SPACING_US + rng.randint(-JITTER_US, JITTER_US)
         yield user, t_us, PAGES[rng.randrange(len(PAGES))]
 
@@ -134,12 +137,15 @@ def click_json(user: str, t_us: int, page: str) -> bytes:
     return json.dumps({"user": user, "ts": t_us / 1_000_000, "page": page}).encode()
 
 
-def window_start_s(t_us: int) -> int:
-    """The start (seconds since the epoch) of the one-minute window of ``t_us``."""
-    return t_us // (WINDOW_S * 1_000_000) * WINDOW_S
+def window_start_s(t_us: int, window_s: int = WINDOW_S) -> int:
+    """The start (seconds since the epoch) of the window of ``t_us`` (one minute unless
+    ``window_s`` says otherwise)."""
+    return t_us // (window_s * 1_000_000) * window_s
 
 
-async def load(url: str, n: int) -> tuple[dict[str, Any], Counter[tuple[str, int]]]:
+async def load(
+    url: str, n: int, users: int = USERS, window_s: int = WINDOW_S
+) -> tuple[dict[str, Any], Counter[tuple[str, int]]]:
     """Create the stream and publish the ``n`` clicks and the sentinel, every publish
     acknowledged; returns the load's figures and the expected counts per (user, window start),
     computed from the clicks as they are generated (not read back)."""
@@ -149,8 +155,8 @@ async def load(url: str, n: int) -> tuple[dict[str, Any], Counter[tuple[str, int
     expected: Counter[tuple[str, int]] = Counter()
 
     def messages() -> Iterator[tuple[str, bytes, None]]:
-        for user, t_us, page in clicks(n):
-            expected[(user, window_start_s(t_us))] += 1
+        for user, t_us, page in clicks(n, users=users):
+            expected[(user, window_start_s(t_us, window_s))] += 1
             yield f"clicks.{user}", click_json(user, t_us, page), None
         yield f"clicks.{SENTINEL}", click_json(SENTINEL, sentinel_us(n), "/"), None
 
@@ -240,7 +246,12 @@ def click_time(click: dict[str, Any]) -> float:
 
 
 async def _run_headrace(
-    url: str, total: int, buffer: int, server_pid: int | None
+    url: str,
+    total: int,
+    buffer: int,
+    server_pid: int | None,
+    impl: str = HEADRACE,
+    window_s: int = WINDOW_S,
 ) -> dict[str, Any]:
     from headrace.jetstream import ConsumeOptions, ConsumerConfig, JetStream
     from headrace.nats import connect
@@ -252,7 +263,8 @@ async def _run_headrace(
 
     durable = f"windows_{os.getpid()}"
     sink = MemorySink()
-    pipe = Pipeline("windows", drain_timeout=60)
+    # A pipeline (and so a state) of its own for each line: the state is keyed by names.
+    pipe = Pipeline(f"windows-{BACKENDS[impl]}", drain_timeout=60)
     source = JetStreamSource(
         stream=STREAM,
         durable=durable,
@@ -264,11 +276,12 @@ async def _run_headrace(
         .map(json.loads, name="decode")
         .key_by(user_of)
         .window(
-            TumblingWindow(timedelta(seconds=WINDOW_S)),
+            TumblingWindow(timedelta(seconds=window_s)),
             count(),
             event_time=click_time,
             lateness=timedelta(seconds=LATENESS_S),
             name=OPERATOR,
+            backend=BACKENDS[impl],  # type: ignore[arg-type]
         )
         .sink(sink, name="memory")
     )
@@ -299,7 +312,8 @@ async def _run_headrace(
     windows = [(r.key, to_micros(r.start) // 1_000_000, r.value) for r in results]
     return {
         "emitted": {"windows": windows, "late": stats.late},
-        "impl": HEADRACE,
+        "impl": impl,
+        "backend": BACKENDS[impl],
         "msgs": run.stats.acks,
         **spent,
         "peak_rss_mb": peak,
@@ -309,12 +323,15 @@ async def _run_headrace(
         "snapshot_seconds": round(stats.snapshot_seconds, 3),
         "snapshot_share": round(stats.snapshot_seconds / spent["seconds"], 3),
         "last_snapshot_bytes": stats.snapshot_bytes,
+        "state_file_bytes": stats.state_file_bytes,
         "results_emitted": stats.results_emitted,
         "dead_lettered": run.stats.dead_lettered,
     }
 
 
-def _run_bytewax(url: str, total: int, server_pid: int | None) -> dict[str, Any]:
+def _run_bytewax(
+    url: str, total: int, server_pid: int | None, window_s: int = WINDOW_S
+) -> dict[str, Any]:
     from bytewax.testing import run_main
     from headrace.pipeline.gc_tuning import tune_gc
 
@@ -335,7 +352,7 @@ def _run_bytewax(url: str, total: int, server_pid: int | None) -> dict[str, Any]
     )
     flow = bw.flow(
         source,
-        window=timedelta(seconds=WINDOW_S),
+        window=timedelta(seconds=window_s),
         lateness=timedelta(seconds=LATENESS_S),
         counts=counts,
         late=late,
@@ -361,7 +378,7 @@ def _run_bytewax(url: str, total: int, server_pid: int | None) -> dict[str, Any]
 
     server = asyncio.run(check())
     # (user, (window id, count)); window k starts at the epoch + k minutes.
-    windows = [(user, wid * WINDOW_S, n) for user, (wid, n) in counts]
+    windows = [(user, wid * window_s, n) for user, (wid, n) in counts]
     return {
         "emitted": {"windows": windows, "late": len(late)},
         "impl": BYTEWAX,
@@ -380,11 +397,19 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     for module in ("headrace.jetstream", "headrace.nats", "headrace.pipeline", "nats"):
         importlib.import_module(module)
     total = args.messages + 1
-    if args.impl == HEADRACE:
-        raw = trio.run(_run_headrace, args.url, total, args.buffer, args.server_pid)
+    if args.impl in BACKENDS:
+        raw = trio.run(
+            _run_headrace,
+            args.url,
+            total,
+            args.buffer,
+            args.server_pid,
+            args.impl,
+            args.window_size,
+        )
     else:
         importlib.import_module("bytewax.operators")
-        raw = _run_bytewax(args.url, total, args.server_pid)
+        raw = _run_bytewax(args.url, total, args.server_pid, args.window_size)
     # The windows emitted go to a file (a few per user and minute); the figures to stdout.
     Path(args.out).write_text(json.dumps(raw.pop("emitted")))
     return dict(raw)
@@ -443,10 +468,11 @@ def _measure(
     buffer: int,
     server_pid: int | None,
     expected: Counter[tuple[str, int]],
+    window_s: int = WINDOW_S,
 ) -> dict[str, Any]:
     out = work / f"{impl}.json"
     cmd = [*_ME, "child", "--impl", impl, "--url", url, "--out", str(out)]
-    cmd += ["--messages", str(n), "--buffer", str(buffer)]
+    cmd += ["--messages", str(n), "--buffer", str(buffer), "--window-size", str(window_s)]
     if server_pid is not None:
         cmd += ["--server-pid", str(server_pid)]
     child = _run_child(cmd, timeout=CHILD_TIMEOUT)
@@ -466,16 +492,17 @@ def _measure(
 
 
 def _add_ratio(results: list[dict[str, Any]]) -> None:
-    ours = next((r for r in results if r["impl"] == HEADRACE), None)
     peer = next((r for r in results if r["impl"] == BYTEWAX), None)
-    if ours and peer and ours.get("msg_per_s") and peer.get("msg_per_s"):
-        ours["ratio_vs_bytewax"] = round(ours["msg_per_s"] / peer["msg_per_s"], 2)
+    for ours in results:
+        if ours["impl"] in BACKENDS and peer and ours.get("msg_per_s") and peer.get("msg_per_s"):
+            ours["ratio_vs_bytewax"] = round(ours["msg_per_s"] / peer["msg_per_s"], 2)
 
 
 def _print_table(results: list[dict[str, Any]], load: dict[str, Any]) -> None:
     print(
         f"stream loaded: {load['stored']:,} messages ({load['avg_stored_bytes']} B each as "
-        f"stored) at {load['load_msg_per_s']:,} msg/s; per-user counts in one-minute windows"
+        f"stored) at {load['load_msg_per_s']:,} msg/s; per-user counts in {load['window_s']} s "
+        f"windows of {load['users']:,} users"
     )
     for r in results:
         if "error" in r:
@@ -501,22 +528,38 @@ def _print_table(results: list[dict[str, Any]], load: dict[str, Any]) -> None:
 
 
 def run(
-    messages: int = MESSAGES, *, buffer: int = BUFFER, as_json: bool = False
+    messages: int = MESSAGES,
+    *,
+    buffer: int = BUFFER,
+    users: int = USERS,
+    window_s: int = WINDOW_S,
+    impls: tuple[str, ...] = IMPLS,
+    as_json: bool = False,
 ) -> list[dict[str, Any]]:
     """Load the stream once, run each implementation in its own process, check its windows,
     print JSON lines or a table; returns the lines (one that failed a check has ``error``,
     ``verified: false`` and no figures)."""
-    check_bytewax()
-    if messages < 1 or buffer < 1:
-        raise BenchmarkError("--messages and --buffer must be at least 1")
+    if BYTEWAX in impls:
+        check_bytewax()
+    if messages < 1 or buffer < 1 or users < 1 or window_s < 1:
+        raise BenchmarkError(
+            "--messages, --buffer, --entities and --window-size must be at least 1"
+        )
+    unknown = set(impls) - set(IMPLS)
+    if unknown or not impls:
+        raise BenchmarkError(f"implementations are some of {', '.join(IMPLS)}, not {impls}")
     results: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="headrace-bench-windows-") as work,
         LocalServer(jetstream=True) as server,
     ):
-        loaded, expected = trio.run(load, server.url, messages)
-        for impl in IMPLS:
-            result = _measure(impl, server.url, Path(work), messages, buffer, server.pid, expected)
+        loaded, expected = trio.run(load, server.url, messages, users, window_s)
+        loaded["users"] = users
+        loaded["window_s"] = window_s
+        for impl in impls:
+            result = _measure(
+                impl, server.url, Path(work), messages, buffer, server.pid, expected, window_s
+            )
             result["avg_stored_bytes"] = loaded["avg_stored_bytes"]
             results.append(result)
     _add_ratio(results)
@@ -539,12 +582,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=MESSAGES)
     parser.add_argument("--buffer", type=int, default=BUFFER)
     parser.add_argument("--server-pid", type=int, default=None)
+    parser.add_argument("--users", type=int, default=USERS)
+    parser.add_argument("--window-size", type=int, default=WINDOW_S)
+    parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.role == "child":
         print(json.dumps(_child(args)), flush=True)
     else:
-        results = run(args.messages, buffer=args.buffer, as_json=args.json)
+        results = run(
+            args.messages,
+            buffer=args.buffer,
+            users=args.users,
+            window_s=args.window_size,
+            impls=tuple(args.impls.split(",")),
+            as_json=args.json,
+        )
         if any(not r.get("verified") for r in results):
             sys.exit(1)
 

@@ -90,14 +90,14 @@ def test_a_line_whose_windows_differ_fails_and_says_how() -> None:
 
 
 @pytest.mark.slow  # two processes over a loaded stream: some seconds
-def test_bench_windows_small_run_verifies_both() -> None:
+def test_bench_windows_small_run_verifies_every_line() -> None:
     pytest.importorskip("bytewax")
     done = _run("windows", "--messages", "20000", "--json", timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "MISMATCH" not in done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     by_impl = {line["impl"]: line for line in lines}
-    assert set(by_impl) == {"headrace-windows", "bytewax"}, done.stdout
+    assert set(by_impl) == {"headrace-windows", "headrace-windows-disk", "bytewax"}, done.stdout
     for impl, line in by_impl.items():
         assert line["bench"] == "windows"
         assert line["verified"] is True, (impl, line)
@@ -107,7 +107,10 @@ def test_bench_windows_small_run_verifies_both() -> None:
         assert line["missing"] == line["extra"] == line["duplicates"] == line["late"] == 0
         assert line["msg_per_s"] > 0 and line["peak_rss_mb"] > 0, (impl, line)
         assert line["python_cpu_s_per_100k"] > 0 and line["server_cpu_s_per_100k"] >= 0, line
-    ours = by_impl["headrace-windows"]
-    assert ours["snapshots"] >= 1 and 0 <= ours["snapshot_share"] < 1, ours
-    assert ours["ratio_vs_bytewax"] > 0
+    for impl, backend in (("headrace-windows", "memory"), ("headrace-windows-disk", "disk")):
+        ours = by_impl[impl]
+        assert ours["snapshots"] >= 1 and 0 <= ours["snapshot_share"] < 1, ours
+        assert ours["ratio_vs_bytewax"] > 0 and ours["backend"] == backend
+    assert by_impl["headrace-windows"]["state_file_bytes"] == 0
+    assert by_impl["headrace-windows-disk"]["state_file_bytes"] > 0
     assert by_impl["bytewax"]["acked"] == "when fetched"
