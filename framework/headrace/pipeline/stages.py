@@ -239,56 +239,58 @@ class SourceStage(Stage):
 
     async def _replay_in_order(self, info: ConsumerInfo) -> None:
         """Before the first pull of a source feeding a stateful operator: if the consumer has
-        messages delivered and not acked (a worker before this one died holding them), have
+        messages delivered and not acked (a worker before this one died holding them, or
+        still holds them: a partition's owner whose lease ran out while it was slow), have
         them come back before anything newer. Otherwise this worker takes newer messages
         first, moves the watermark ahead of the ones it gets back, and those are late (2,503
         records dead-lettered with a lateness of 600 s after one kill, in
         tests/state/test_stateful_faults.py).
 
-        The consumer is reset to its ack floor (nats-server 2.14+, ``reset_consumer``): the
-        server forgets what it waited on and delivers the stream from the floor in order, at
-        once. Messages above the floor that were acked come again too; the operator's state
-        holds them and skips them by their sequence. Waiting for the ack wait to pass instead
-        (what a server without the call gets, :meth:`_wait_for_redeliveries`) is not enough:
-        the server queues expired messages on a timer that puts its check off while acks
-        come in, and one redelivery behind 3,600 newer messages was late in
-        test_headrace_run_workers_share_the_partitions_one_killed."""
+        Two steps. First wait until their ack wait has passed since the consumer's last
+        delivery (:meth:`_wait_for_redeliveries`): a previous owner that is alive has that
+        long to find out it lost the partition and stop pulling; pulling beside it would split
+        the stream between two owners, and the records of the one fenced come back late
+        (with only the second step, 6 of 9 runs of
+        test_three_workers_one_killed_every_window_once_and_exact lost records under load).
+        Then reset the consumer to its ack floor (nats-server 2.14+, ``reset_consumer``): the
+        server delivers the stream from there in order. Waiting alone is not enough: the
+        server queues expired messages on a timer that puts its check off while acks come in,
+        and one redelivery behind 3,600 newer messages was late in
+        test_headrace_run_workers_share_the_partitions_one_killed. Messages above the floor
+        that were acked come again, and the state skips them by their sequence."""
         if not info.num_ack_pending:
             return
-        server = self.run_.js.nc.server_info
-        if supports_reset(server.version if server is not None else ""):
-            try:
-                reset = await retry_transient(
-                    lambda: self.run_.js.reset_consumer(info.stream_name, info.name)
-                )
-            except (RequestTimeout, JetStreamError) as exc:
-                log.warning(
-                    "source %s: consumer %s could not be reset to its ack floor (%s); waiting "
-                    "for its redeliveries instead",
-                    self.node.name,
-                    info.name,
-                    exc,
-                )
-            else:
-                log.info(
-                    "source %s: %d messages of consumer %s were held by a worker that is gone; "
-                    "the consumer starts again from its ack floor, %d (stateful pipelines "
-                    "replay in stream order)",
-                    self.node.name,
-                    info.num_ack_pending,
-                    info.name,
-                    reset.reset_seq,
-                )
-                return
         await self._wait_for_redeliveries(info)
+        if self._drain_requested.is_set():
+            return
+        server = self.run_.js.nc.server_info
+        if not supports_reset(server.version if server is not None else ""):
+            return
+        try:
+            reset = await retry_transient(
+                lambda: self.run_.js.reset_consumer(info.stream_name, info.name)
+            )
+        except (RequestTimeout, JetStreamError) as exc:
+            log.warning(
+                "source %s: consumer %s could not be reset to its ack floor (%s); its "
+                "redeliveries may come after newer messages",
+                self.node.name,
+                info.name,
+                exc,
+            )
+        else:
+            log.info(
+                "source %s: consumer %s starts again from its ack floor, %d (stateful "
+                "pipelines replay in stream order)",
+                self.node.name,
+                info.name,
+                reset.reset_seq,
+            )
 
     async def _wait_for_redeliveries(self, info: ConsumerInfo) -> None:
-        """:meth:`_replay_in_order` on a server without the reset call: wait until the ack
-        wait of the pending messages has passed, so that the server, which serves
-        redeliveries first, hands them out before anything newer (most of the time: see
-        there). Every message pending was delivered at or before the consumer's last
-        delivery, so that plus the ack wait bounds the wait; a drain asked meanwhile ends
-        it."""
+        """The first step of :meth:`_replay_in_order`: wait until the ack wait of the pending
+        messages has passed since the consumer's last delivery (every message pending was
+        delivered at or before it), plus a margin; a drain asked meanwhile ends it."""
         ack_wait = info.config.ack_wait or DEFAULT_ACK_WAIT
         last = info.delivered.last_active
         waited = 0.0 if last is None else (dt.datetime.now(dt.UTC) - last).total_seconds()
