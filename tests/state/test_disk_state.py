@@ -29,13 +29,15 @@ def _rows(fired: list[Any], step: int) -> list[Fired]:
     return [(step, r.key, r.start_us, r.end_us, tuple(sorted(r.value)), r.count) for r in fired]
 
 
-def run_memory(spec: Spec, evs: list[Event], lateness: int) -> tuple[list[Fired], list[Any]]:
+def run_memory(
+    spec: Spec, evs: list[Event], lateness: int, limit: int | None = None
+) -> tuple[list[Fired], list[Any]]:
     op = WindowOperator(spec.assigner(), collect(), lateness=us(lateness))
     rows: list[Fired] = []
     marks = []
     for i, (key, t) in enumerate(evs):
         op.add(key, t, i)
-        rows.extend(_rows(op.fire(), i))
+        rows.extend(_rows(op.fire(limit), i))
         marks.append((op.watermark, op.max_event_time, op.late, op.open_windows, op.keys))
     rows.extend(_rows(op.flush_all(), FLUSH))
     return rows, marks
@@ -48,6 +50,7 @@ def run_disk(
     tmp: Path,
     copy_at: set[int],
     plain_at: set[int],
+    limit: int | None = None,
 ) -> tuple[list[Fired], list[Any]]:
     """As :func:`run_memory` with a disk operator; before record ``i`` in ``copy_at`` the
     file is copied and reopened (a stage's snapshot and restore); in ``plain_at`` the operator
@@ -75,7 +78,7 @@ def run_disk(
                 spec.assigner(), collect(), us(lateness), middle.snapshot(), again
             )
         op.add(key, t, i)
-        rows.extend(_rows(op.fire(), i))
+        rows.extend(_rows(op.fire(limit), i))
         op.commit()
         marks.append((op.watermark, op.max_event_time, op.late, op.open_windows, op.keys))
     rows.extend(_rows(op.flush_all(), FLUSH))
@@ -93,9 +96,10 @@ def test_windows_on_disk_match_windows_in_memory(
     steps = st.sets(st.integers(0, max(0, len(evs) - 1)), max_size=3)
     copy_at = data.draw(steps, label="copy_at")
     plain_at = data.draw(steps, label="plain_at")
+    limit = data.draw(st.one_of(st.none(), st.integers(1, 3)), label="limit")
     tmp = tmp_path_factory.mktemp("disk")
-    expected, marks = run_memory(spec, evs, lateness)
-    got, disk_marks = run_disk(spec, evs, lateness, tmp, copy_at, plain_at)
+    expected, marks = run_memory(spec, evs, lateness, limit)
+    got, disk_marks = run_disk(spec, evs, lateness, tmp, copy_at, plain_at, limit)
     assert got == expected
     assert disk_marks == marks
 

@@ -199,28 +199,61 @@ class DiskWindowOperator(WindowOperator):
 
     # -- firing -----------------------------------------------------------------------------
 
-    def fire(self) -> list[WindowResult]:
+    def fire(self, limit: int | None = None) -> list[WindowResult]:
         wm = self._watermark
         if wm is None or self._min_end is None or self._min_end > wm:
             return []
+        if limit is not None and limit < 1:
+            return []
         with storage_errors(self._file.where("firing windows")):
             if self._kind == _SESSION:
-                return self._fire_disk_sessions(wm)
-            return self._fire_disk_windows(wm)
+                return self._fire_disk_sessions(wm, limit)
+            return self._fire_disk_windows(wm, limit)
 
-    def _fire_disk_windows(self, wm: int) -> list[WindowResult]:
+    def _take_due(
+        self, table: str, order: str, due: str, bound: tuple[int, ...], limit: int | None
+    ) -> list[Any]:
+        """The due rows of ``table`` (``due``: the condition, on ``bound``) in firing
+        ``order``, at most ``limit``, deleted with the key counts they held. The counts are
+        changed by two statements over every key at once: a statement per key took 1.1 of
+        the 3.0 s that firing 259,000 windows took."""
         conn = self._file.conn
+        columns = (
+            "k, first, last, acc, n, seq" if table == "sessions" else "k, start, end, acc, n, seq"
+        )
+        sql = f"SELECT {columns} FROM {table} WHERE {due} ORDER BY {order}"
         rows = conn.execute(
-            "SELECT k, end, acc, n FROM windows WHERE end <= ? ORDER BY end, seq", (wm,)
+            sql + (" LIMIT ?" if limit is not None else ""),
+            (*bound, limit) if limit is not None else bound,
         ).fetchall()
-        conn.execute("DELETE FROM windows WHERE end <= ?", (wm,))
-        self._closed(Counter(row[0] for row in rows))
-        self._min_end = conn.execute("SELECT MIN(end) FROM windows").fetchone()[0]
+        if not rows:
+            return rows
+        if limit is not None and len(rows) == limit:
+            # Exactly the rows read: those up to the last one's place in the order.
+            last = rows[-1]
+            if table == "sessions":
+                due, bound = "(last, first, seq) <= (?, ?, ?)", (last[2], last[1], last[5])
+            else:
+                due, bound = "(end, seq) <= (?, ?)", (last[2], last[5])
+        conn.execute(
+            f"UPDATE window_keys SET n = n - (SELECT COUNT(*) FROM {table} "
+            f"WHERE {table}.k = window_keys.k AND {due}) "
+            f"WHERE k IN (SELECT k FROM {table} WHERE {due})",
+            bound + bound,
+        )
+        self._keys_open -= conn.execute("DELETE FROM window_keys WHERE n <= 0").rowcount
+        conn.execute(f"DELETE FROM {table} WHERE {due}", bound)
+        self._windows_open -= len(rows)
+        return rows
+
+    def _fire_disk_windows(self, wm: int, limit: int | None) -> list[WindowResult]:
+        rows = self._take_due("windows", "end, seq", "end <= ?", (wm,), limit)
+        self._min_end = self._file.conn.execute("SELECT MIN(end) FROM windows").fetchone()[0]
         result = self._result
         size = self._size
         fired = []
         bounds: tuple[int, Any, Any] | None = None
-        for k, end, acc_bytes, n in rows:
+        for k, _start, end, acc_bytes, n, _seq in rows:
             if bounds is None or bounds[0] != end:  # rows come by end: one pair per end
                 bounds = (end, from_micros(end - size), from_micros(end))
             acc = loads(acc_bytes)
@@ -228,22 +261,14 @@ class DiskWindowOperator(WindowOperator):
             fired.append(WindowResult(loads(k), bounds[1], bounds[2], value, n))
         return fired
 
-    def _fire_disk_sessions(self, wm: int) -> list[WindowResult]:
+    def _fire_disk_sessions(self, wm: int, limit: int | None) -> list[WindowResult]:
         gap = self._gap
-        conn = self._file.conn
-        cut = wm - gap
-        rows = conn.execute(
-            "SELECT k, first, last, acc, n FROM sessions WHERE last <= ? ORDER BY last, first, seq",
-            (cut,),
-        ).fetchall()
-        if rows:
-            conn.execute("DELETE FROM sessions WHERE last <= ?", (cut,))
-            self._closed(Counter(row[0] for row in rows))
-        low = conn.execute("SELECT MIN(last) FROM sessions").fetchone()[0]
+        rows = self._take_due("sessions", "last, first, seq", "last <= ?", (wm - gap,), limit)
+        low = self._file.conn.execute("SELECT MIN(last) FROM sessions").fetchone()[0]
         self._min_end = None if low is None else low + gap
         result = self._result
         fired = []
-        for k, first, last, acc_bytes, n in rows:
+        for k, first, last, acc_bytes, n, _seq in rows:
             acc = loads(acc_bytes)
             value = acc if result is None else result(acc)
             fired.append(

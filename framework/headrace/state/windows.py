@@ -650,19 +650,22 @@ class WindowOperator:
 
     # -- firing -----------------------------------------------------------------------------
 
-    def fire(self) -> list[WindowResult]:
+    def fire(self, limit: int | None = None) -> list[WindowResult]:
         """The windows whose end the watermark has reached, removed from the state, ordered
-        by (end, start, creation); an empty list, cheaply, when none is due. If the
-        aggregate's ``result`` raises, the error propagates and the windows of this call are
-        gone: a bug to fix, after which the stage restarts from its last snapshot."""
+        by (end, start, creation); an empty list, cheaply, when none is due. ``limit``: at
+        most that many, the first in that order (the rest stay due for the next call): a
+        watermark that closes a million windows at once is fired a slice at a time, so that
+        the caller can let other tasks run between. If the aggregate's ``result`` raises, the
+        error propagates and the windows of this call are gone: a bug to fix, after which
+        the stage restarts from its last snapshot."""
         wm = self._watermark
-        if wm is None:
+        if wm is None or (limit is not None and limit < 1):
             return []
         if self._kind == _SESSION:
             heap = self._heap
             if not heap or heap[0][0] > wm:
                 return []
-            return self._fire_sessions(wm)
+            return self._fire_sessions(wm, limit)
         ends = self._ends
         if not ends or ends[0] > wm:
             return []
@@ -672,8 +675,17 @@ class WindowOperator:
         per_key = self._per_key
         fired: list[WindowResult] = []
         while ends and ends[0] <= wm:
-            end = heapq.heappop(ends)
-            bucket = buckets.pop(end)
+            end = ends[0]
+            bucket = buckets[end]
+            room = len(bucket) if limit is None else limit - len(fired)
+            if room <= 0:
+                break
+            if room >= len(bucket):
+                heapq.heappop(ends)
+                del buckets[end]
+            else:  # a part of this end's windows: the first ones, in creation order
+                buckets[end] = bucket[room:]
+                bucket = bucket[:room]
             # Every window of one end has the same start (one size): one pair of datetimes.
             end_at = from_micros(end)
             start_at = from_micros(end - self._size)
@@ -689,7 +701,7 @@ class WindowOperator:
                 fired.append(WindowResult(key, start_at, end_at, value, n))
         return fired
 
-    def _fire_sessions(self, wm: int) -> list[WindowResult]:
+    def _fire_sessions(self, wm: int, limit: int | None) -> list[WindowResult]:
         gap = self._gap
         heap = self._heap
         due: list[_Session] = []
@@ -699,14 +711,20 @@ class WindowOperator:
                 continue  # merged into another session
             end = session.last + gap
             if end <= wm:
-                session.alive = False
                 due.append(session)
             else:  # it grew since this entry was pushed: due later
                 self._push(end, session)
         due.sort(key=lambda s: (s.last, s.first, s.seq))  # last + gap: the same order as end
+        if limit is not None and len(due) > limit:
+            # The rest wait for the next call; no record can join them meanwhile (it would
+            # be behind the watermark), so their order stays.
+            for session in due[limit:]:
+                self._push(session.last + gap, session)
+            due = due[:limit]
         result = self._result
         fired: list[WindowResult] = []
         for session in due:
+            session.alive = False
             sessions = self._sessions[session.key]
             del sessions[bisect_left(sessions, session.first, key=_first)]
             if not sessions:
