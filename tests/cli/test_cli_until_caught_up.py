@@ -99,3 +99,54 @@ async def test_with_workers_is_a_usage_error(nats_server, tmp_path: Path) -> Non
     )  # fmt: skip
     assert done.returncode == 2
     assert b"--until-caught-up cannot be combined with --workers" in done.stderr
+
+
+STUCK = """\
+from headrace.pipeline import SinkRetry
+
+class Lake:
+    \"\"\"A sink that fails every write with a plain error: every part of every batch fails,
+    which is what an outage looks like.\"\"\"
+
+    def write_batch(self, batch):
+        raise OSError("the lake refuses everything")
+
+pipeline = Pipeline("stuck", drain_timeout=1.0, sink_retry=SinkRetry(backoff=0.05, backoff_max=0.2))
+pipeline.source(JetStreamSource(stream="ORDERS", durable="stuck")).map(json.loads).sink(
+    Lake(), name="lake", batch=BatchPolicy(max_messages=16, max_age=0.05)
+)
+"""
+
+
+async def test_a_stuck_sink_is_said_and_timeout_ends_the_run_with_5(
+    nats_server, natspy, tmp_path: Path
+) -> None:
+    """Every part of every batch fails: the sink is taken for down, a sink_stuck event says
+    what was tried and what to do; --timeout drains and exits 5 instead of running on."""
+    await create_stream(natspy, nats_server.url)
+    await publish(natspy, 16)
+    path = write_pipeline(tmp_path, STUCK)
+    done = await run_headrace(
+        "run", f"{path}:pipeline", "--nats", nats_server.url, "--until-caught-up",
+        "--timeout", "3", "--json-logs",
+    )  # fmt: skip
+    assert done.returncode == 5, done.stderr.decode()
+    said = events(done.stderr)
+    stuck = [e for e in said if e["event"] == "sink_stuck"]
+    assert stuck, [e["event"] for e in said]
+    text = str(stuck[0]["error"])
+    assert "a batch of 16 messages failed" in text and "every part failed" in text
+    assert "transient=False" in text
+    [late] = [e for e in said if e["event"] == "not_caught_up"]
+    assert late["timeout"] == 3.0
+    reason = [e for e in said if e["event"] == "exit_reason"]
+    assert reason and "not caught up within --timeout 3s" in str(reason[-1])
+    info = await consumer_info(natspy, "stuck")
+    assert info.ack_floor.stream_seq == 0  # nothing acked: every message comes again
+
+
+async def test_timeout_without_until_caught_up_is_a_usage_error(tmp_path: Path) -> None:
+    path = backfill(tmp_path)
+    done = await run_headrace("run", f"{path}:pipeline", "--timeout", "3")
+    assert done.returncode == 2
+    assert b"--timeout is how long --until-caught-up may take" in done.stderr

@@ -191,6 +191,37 @@ async def test_a_bad_record_is_isolated_and_only_it_is_dead_lettered(nats_server
     assert info.num_redelivered == 0
 
 
+async def test_bad_records_spread_through_a_batch_are_found_though_both_halves_fail(
+    nats_server, peer
+):
+    """16 records the sink cannot write (a plain exception: it says nothing) spread through
+    a batch of 262: both halves fail, and so do the quarters, but finer parts commit, which
+    proves the sink works: splitting goes on down to the 16 messages, each failing alone. Every
+    other record is committed once; the 16 go to the dead letter; nothing is stuck. (One round
+    of two failing halves used to be taken for an outage: the batch was retried whole, every
+    30 s, for ever.)"""
+    await add_stream(peer, "DLQ", ["dlq.>"])
+    await publish(peer, 262)
+    bad = {str(i).encode() for i in range(5, 256, 16)}
+    assert len(bad) == 16  # spread evenly
+    sink = BadRecordSink(bad)
+    pipe = fast_pipeline(
+        "spread",
+        max_deliveries=1,
+        dead_letter="dlq.spread",
+        sink_retry=SinkRetry(backoff=0.01, backoff_max=0.05),
+    )
+    pipe.source(source()).sink(sink, name="lake", batch=BatchPolicy(max_messages=262, max_age=1))
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        await wait_consumer(peer, all_done(262), timeout=30)
+        assert run.stats.dead_lettered == 16 and run.stats.acks == 262 - 16
+    assert sorted(r.data for r in sink.records) == sorted(
+        str(i).encode() for i in range(262) if str(i).encode() not in bad
+    )
+    assert len(sink.keys) == len(set(sink.keys)) == 262 - 16
+    assert run.stats.naks == 0  # max_deliveries 1: poison at once once found alone
+
+
 async def test_records_the_sink_says_are_bad_are_isolated_at_once(nats_server, peer):
     """An error with ``transient = False`` (bad data, as SparkSchemaError): the batch is split
     without retrying it whole, and a message failing so alone is poison at once."""

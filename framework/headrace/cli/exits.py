@@ -17,6 +17,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DRAIN_INCOMPLETE = 3
 EXIT_POISON_TERMINATED = 4
+#: ``--until-caught-up --timeout``: not caught up in time (drained and stopped).
+EXIT_TIMED_OUT = 5
 
 #: After a second signal, how long the hard stop may take before the process just exits.
 HARD_STOP_GRACE = 2.0

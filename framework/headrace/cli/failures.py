@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from headrace.pipeline.sink_retry import SinkStuck
 from headrace.pipeline.stats import Failure
 
 #: At most one event per key (actor) per this many seconds.
@@ -88,5 +89,10 @@ class FailureEvents(EventLimiter):
         super().__init__(emit, clock, per=per)
 
     def __call__(self, failure: Failure) -> None:
-        """A failure just happened (the pipeline's ``stats.on_failure`` hook)."""
+        """A failure just happened (the pipeline's ``stats.on_failure`` hook). A sink taken
+        for down after every part of a batch failed is a ``sink_stuck`` event of its own (the
+        error events of its writes would not say it)."""
+        if isinstance(failure.error, SinkStuck):
+            self.offer(f"{failure.actor}:stuck", "sink_stuck", failure.fields())
+            return
         self.offer(failure.actor, "error", {**failure.fields(), "fatal": False})

@@ -34,6 +34,7 @@ cron jobs; the exit codes are the same (0 only when it caught up and drained cle
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from typing import Any
@@ -47,6 +48,7 @@ from headrace.cli.exits import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_POISON_TERMINATED,
+    EXIT_TIMED_OUT,
     HARD_STOP_GRACE,
 )
 from headrace.cli.exits import exit_now as _exit_now
@@ -186,6 +188,16 @@ def add_parser(commands: Any) -> None:
             "and drained, the usual codes otherwise"
         ),
     )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=(
+            "with --until-caught-up: drain and exit 5 if not caught up within SECONDS (a sink "
+            "stuck, a source that cannot keep up), instead of running on"
+        ),
+    )
     parser.set_defaults(func=command)
 
 
@@ -213,6 +225,11 @@ def command(args: argparse.Namespace) -> int:
         return _fail("--until-caught-up cannot be combined with --workers: run one process")
     if args.interval is not None and not args.interval > 0:
         return _fail("--interval must be positive")
+    if args.timeout is not None:
+        if not args.until_caught_up:
+            return _fail("--timeout is how long --until-caught-up may take: give both")
+        if not args.timeout > 0:
+            return _fail(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         return _fail(f"--metrics-port {args.metrics_port}: not a port number")
     try:
@@ -261,6 +278,7 @@ def command(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         window=window,
         until_caught_up=getattr(args, "until_caught_up", False),
+        timeout=getattr(args, "timeout", None),
     )
     # Caught from now until the process exits, never uninstalled: after the last `stopped`
     # event a signal cannot change the exit status any more (Runner.main). This function is
@@ -289,10 +307,14 @@ class Runner:
         metrics_port: int | None = None,
         window: float = SAME_REQUEST_WINDOW,
         until_caught_up: bool = False,
+        timeout: float | None = None,
     ) -> None:
         self.pipe = pipe
-        #: Drain once caught up (``--until-caught-up``).
+        #: Drain once caught up (``--until-caught-up``), or once ``timeout`` seconds passed
+        #: without (``--timeout``: then exit 5).
         self.until_caught_up = until_caught_up
+        self.timeout = timeout
+        self.timed_out = False
         self.connect_kwargs = connect_kwargs
         self.reporter = reporter
         self.interval = interval
@@ -434,9 +456,23 @@ class Runner:
         """``--until-caught-up``: drain once the run has caught up with what the streams held
         at the start. A run that ends first (a signal, a failure) decides the exit code
         itself."""
-        try:
-            stats = await run.wait_caught_up()
-        except NotCaughtUp:
+        with trio.move_on_after(math.inf if self.timeout is None else self.timeout) as scope:
+            try:
+                stats = await run.wait_caught_up()
+            except NotCaughtUp:
+                return
+        if scope.cancelled_caught:
+            self.timed_out = True
+            now = run.stats.snapshot()
+            self.event(
+                "not_caught_up",
+                timeout=self.timeout,
+                lag=now.get("lag"),
+                ack_pending=now.get("ack_pending"),
+                retrying=now.get("retrying"),
+            )
+            self.stop_requested.set()
+            run.drain()
             return
         self.event("caught_up", messages=stats.messages_in, acks=stats.acks)
         self.stop_requested.set()
@@ -634,6 +670,20 @@ class Runner:
             return self.hard_exit
         if run.drain_timed_out:
             self.event("drain_incomplete", ack_pending=run.stats.ack_pending)
+        if self.timed_out:
+            incomplete = (
+                f"; the drain did not finish either: {run.stats.ack_pending} messages taken "
+                "were not acked, the server redelivers them after their ack wait"
+                if run.drain_timed_out
+                else ""
+            )
+            return _fail(
+                f"not caught up within --timeout {self.timeout:g}s: drained and stopped (the "
+                "not_caught_up event says what was left; sink_stuck events say why a sink "
+                f"held it up){incomplete}",
+                EXIT_TIMED_OUT,
+            )
+        if run.drain_timed_out:
             return _fail(
                 f"the drain did not finish within {self.pipe.drain_timeout}s: "
                 f"{run.stats.ack_pending} messages taken were not acked; the server redelivers "

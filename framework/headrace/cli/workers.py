@@ -126,10 +126,10 @@ OUTPUT_GRACE = 2.0
 MAX_PENDING = 1 << 20
 
 #: Options of ``headrace run`` the supervisor keeps for itself; every other one is passed on.
-#: ``until_caught_up`` is refused with ``--workers`` before any worker starts (a worker that
-#: exits is restarted), so it is never passed on either.
+#: ``until_caught_up`` (and its ``timeout``) is refused with ``--workers`` before any worker
+#: starts (a worker that exits is restarted), so it is never passed on either.
 SUPERVISOR_ONLY = frozenset(
-    {"workers", "json_logs", "progress", "interval", "metrics_port", "until_caught_up"}
+    {"workers", "json_logs", "progress", "interval", "metrics_port", "until_caught_up", "timeout"}
 )
 #: Options passed on to each worker as given: (argparse dest, option).
 _VALUES = (

@@ -37,7 +37,7 @@ from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
 from headrace.pipeline.sink import Sink, SinkContext, SinkRunner
-from headrace.pipeline.sink_retry import SinkOutage, SinkRetry
+from headrace.pipeline.sink_retry import SinkOutage, SinkRetry, SinkStuck
 from headrace.pipeline.source import JetStreamSource
 from headrace.pipeline.stateful import StateStats
 from headrace.pipeline.stats import PipelineStats
@@ -71,6 +71,7 @@ __all__ = [
     "SinkOutage",
     "SinkRetry",
     "SinkRunner",
+    "SinkStuck",
     "StageError",
     "StateSpec",
     "StateStats",

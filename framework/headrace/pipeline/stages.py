@@ -563,6 +563,7 @@ class SinkStage(Stage):
             self._attempt,
             self._poisoned,
             name=node.name,
+            stuck=self._stuck,
         )
         self._failing = False
         self._retries_seen = 0
@@ -663,6 +664,11 @@ class SinkStage(Stage):
         self.run_.report_error(self.node.name, exc)
         self._note_failing(failing=True)
         return exc
+
+    def _stuck(self, records: list[Record], reason: BaseException) -> None:
+        """A batch is taken for an outage after every part of it failed: said as a failure
+        of its own (``headrace run`` makes it a ``sink_stuck`` event)."""
+        self.run_.stats.failure(self.name, self.node.name, reason, records)
 
     def _poisoned(self, records: list[Record], exc: BaseException) -> None:
         """A message whose records fail alone, while the sink commits others: it fails like an
