@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -532,3 +533,26 @@ def test_help_lists_the_tools() -> None:
     ).stdout
     for command in ("server", "stream", "pub", "consumer", "sinks"):
         assert f"    {command} " in shown, command
+
+
+def test_a_port_whose_last_server_died_is_not_in_use() -> None:
+    """A connection the server closed first stays in TIME-WAIT on its port for a minute after
+    the server is gone: nats-server binds it again (SO_REUSEADDR), so `headrace server` must
+    not read it as in use; a port something listens on still is."""
+    from headrace.cli.server import _port_taken
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert _port_taken(port)  # listening: in use
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server's side closes first: TIME-WAIT on its port
+        client.recv(1)
+        client.close()
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    waiting = [r for r in rows if r[1].endswith(f":{port:04X}") and r[3] == "06"]
+    assert waiting, "no TIME-WAIT (06) connection on the port: the test made none"
+    assert not _port_taken(port)

@@ -72,7 +72,11 @@ def add_parser(commands: Any) -> None:
 
 
 def _port_taken(port: int) -> bool:
+    """Whether something listens on ``port`` of 127.0.0.1. The probe binds as nats-server
+    does, with ``SO_REUSEADDR``: without it a connection of the server that just died, left in
+    TIME-WAIT for a minute, read as "in use" (issue 23)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
