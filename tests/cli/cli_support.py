@@ -135,12 +135,17 @@ async def headrace(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     stderr_terminal: bool = False,
+    sigint_ignored: bool = False,
 ) -> AsyncIterator[HeadraceProcess]:
     """Start ``headrace *args``; it is killed at the end of the block if still running.
 
     ``stderr_terminal``: its stderr is a pseudo-terminal (100 columns) instead of a pipe.
+    ``sigint_ignored``: started as a shell starts a script's background job, SIGINT ignored
+    (``trap '' INT``, then ``exec``: the disposition is inherited).
     """
     argv = [HEADRACE, *args]
+    if sigint_ignored:
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
     master = slave = -1
     if stderr_terminal:
         master, slave = pty.openpty()

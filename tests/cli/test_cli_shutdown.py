@@ -161,3 +161,31 @@ async def test_a_signal_after_the_last_event_does_not_change_the_status(
     assert proc.events()[-1] == stopped
     info = await consumer_info(natspy, "slowexit")
     assert info.ack_floor.stream_seq == 10
+
+
+#: A pipeline module that takes a while to import, and says when it has started to.
+SLOW_IMPORT = """\
+import sys
+import time
+
+print("importing", flush=True)
+time.sleep(20)
+
+pipeline = Pipeline("slowimport")
+pipeline.source(JetStreamSource(stream="ORDERS", durable="slowimport")).sink(MemorySink())
+"""
+
+
+async def test_a_sigint_while_starting_is_kept_when_it_came_ignored(
+    nats_server: Any, tmp_path: Path
+) -> None:
+    """A script's background job starts with SIGINT ignored, and Python keeps that: a SIGINT
+    before the run installs its own handling (here, while the pipeline module is imported) was
+    lost and the run went on. headrace takes SIGINT back at once: interrupted, exit 130."""
+    path = write_pipeline(tmp_path, SLOW_IMPORT)
+    args = ("run", str(path), "--nats", nats_server.url)
+    async with headrace(*args, sigint_ignored=True) as proc:
+        await proc.wait_line(lambda line: line == "importing", stream="out")
+        proc.signal(signal.SIGINT)
+        assert await proc.wait_exit(10) == 130, proc.transcript()
+    assert proc.err[-1] == "headrace: interrupted"

@@ -9,6 +9,7 @@ plugin's ``demo`` and the benchmarks' ``bench``.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import NoReturn
 
@@ -85,7 +86,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _default_sigint() -> None:
+    """Take SIGINT back if it came ignored: a shell starts a script's background job with
+    SIGINT ignored, Python keeps that, and a SIGINT before ``run`` installs its own handling
+    (while the pipeline is imported, the connection made) was lost (issue 23). The workers of
+    ``--workers`` are in a process group of their own, so a terminal's Ctrl-C still reaches
+    the supervisor only."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> None:
+    _default_sigint()
     args_given = sys.argv[1:] if argv is None else argv
     if _wants_json_logs(args_given):
         # Before anything else runs: from here on standard error carries JSON lines only,
