@@ -439,8 +439,7 @@ async def test_json_logs_stay_json_whatever_fails(
         "option": (["run", str(path), "--json-logs", "--interval", "0", "--nats", dead], 2),
         "target": (["run", f"{tmp_path}/missing.py", "--json-logs"], 2),
         "no server": (["run", str(path), "--json-logs", "--nats", dead], 2),
-        # (--json: argparse's abbreviation of --json-logs)
-        "no stream": (["run", str(nostream), "--json", "--nats", nats_server.url], 2),
+        "no stream": (["run", str(nostream), "--json-logs", "--nats", nats_server.url], 2),
         "worker": (["run", str(path), "--json-logs", "--nats", dead, "--workers", "1"], 2),
         "uncaught": (["run", str(noisy), "--json-logs", "--nats", nats_server.url], 1),
     }

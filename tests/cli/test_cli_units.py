@@ -146,3 +146,35 @@ def test_make_reporter() -> None:
     assert isinstance(make_reporter("auto", io.StringIO()), PlainLines)  # not a terminal
     assert isinstance(make_reporter("live", io.StringIO()), LiveView)
     assert isinstance(make_reporter("none", io.StringIO()), EventsOnly)
+
+
+# -- typos: no abbreviations, the option meant suggested ----------------------------------------
+
+
+def test_options_are_never_abbreviated_and_a_typo_names_the_option_meant(tmp_path) -> None:
+    """`--worker 2` ran as `--workers 2` (argparse's prefix matching); `--until-caughtup` was
+    reported with the top-level usage; a target's misspelt attribute had no suggestion."""
+    import subprocess
+    import sys
+
+    def headrace(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "headrace", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    done = headrace("run", "x.py", "--worker", "2")
+    assert done.returncode == 2
+    assert "headrace run: error: unrecognized arguments: --worker (did you mean --workers?) 2" in (
+        done.stderr
+    )
+    done = headrace("run", "x.py", "--until-caughtup")
+    assert done.returncode == 2 and done.stderr.startswith("usage: headrace run ")
+    assert "--until-caughtup (did you mean --until-caught-up?)" in done.stderr
+    done = headrace("state", "show", "p", "--decodee")
+    assert done.returncode == 2 and done.stderr.startswith("usage: headrace state show ")
+    assert "(did you mean --decode?)" in done.stderr
+    done = headrace("run", "x.py", "--json", "--nats", "nats://127.0.0.1:1")
+    assert done.returncode == 2 and "--json (did you mean --json-logs?)" in done.stderr
+    (tmp_path / "target.py").write_text("make_pipeline = None\n")
+    done = headrace("run", "target.py:make_pipline")
+    assert done.returncode == 2
+    assert "has no attribute 'make_pipline' (did you mean 'make_pipeline'?)" in done.stderr

@@ -9,16 +9,23 @@ plugin's ``demo`` and the benchmarks' ``bench``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import signal
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from headrace._version import __version__
 
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are an ``exit_reason`` event with ``--json-logs``
-    (:mod:`headrace.cli.jsonlogs`); the subcommands' parsers are of this class too."""
+    (:mod:`headrace.cli.jsonlogs`); the subcommands' parsers are of this class too. Options
+    are never abbreviated: argparse's prefix matching ran ``--worker 2`` as ``--workers 2``
+    (issue 23); a typo is an error that suggests the option meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         from headrace.cli import jsonlogs
@@ -26,21 +33,22 @@ class _Parser(argparse.ArgumentParser):
         if jsonlogs.active() is None:
             super().error(message)
         jsonlogs.say(
-            self.prog, f"{message} (usage: {' '.join(self.format_usage().split())})", exit_code=2
+            self.prog,
+            f"{message} (usage: {' '.join(self.format_usage().split()).removeprefix('usage: ')})",
+            exit_code=2,
         )
         sys.exit(2)
 
 
 def _wants_json_logs(argv: list[str]) -> bool:
-    """``headrace run`` with ``--json-logs`` (or an abbreviation argparse accepts, down to
-    ``--json``) before any ``--``: known before the arguments are parsed, so that a usage error
-    is JSON too."""
+    """``headrace run`` with ``--json-logs`` before any ``--``: known before the arguments are
+    parsed, so that a usage error is JSON too."""
     if argv[:1] != ["run"]:
         return False
     for arg in argv:
         if arg == "--":
             return False
-        if len(arg) >= len("--json") and "--json-logs".startswith(arg):
+        if arg == "--json-logs":
             return True
     return False
 
@@ -96,6 +104,30 @@ def _default_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The parser of the (sub)command ``args`` ran: ``headrace state show``'s for
+    ``state show``; the top-level one if none."""
+    found: argparse.ArgumentParser = parser
+    while True:
+        subs = [a for a in found._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs and subs[0].dest else None
+        if not subs or chosen not in subs[0].choices:
+            return found
+        found = subs[0].choices[chosen]
+
+
+def unrecognized(extra: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's ``unrecognized arguments`` message, with the option each ``--typo`` most
+    likely meant (``--until-caughtup``: ``--until-caught-up``)."""
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    said = []
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.7)
+        said.append(f"{arg} (did you mean {close[0]}?)" if arg.startswith("--") and close else arg)
+    return f"unrecognized arguments: {' '.join(said)}"
+
+
 def main(argv: list[str] | None = None) -> None:
     _default_sigint()
     args_given = sys.argv[1:] if argv is None else argv
@@ -109,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     args, extra = parser.parse_known_args(args_given)
     adopt = getattr(args, "adopt_extra", None)
     if extra and (adopt is None or not adopt(args, extra)):
-        parser.parse_args(args_given)  # argparse's own error for what nothing took, exit 2
+        # The command's own parser says it, with its usage and the option meant.
+        own = _command_parser(parser, args)
+        own.error(unrecognized(extra, own))
     if args.command is None:
         parser.print_help()
         sys.exit(0)

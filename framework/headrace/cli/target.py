@@ -12,6 +12,7 @@ says what to fix, and, for an error raised by the user's code, where it was rais
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -147,7 +148,10 @@ def _resolve(module: ModuleType, attribute: str, location: str) -> Any:
             obj = getattr(obj, part)
         except AttributeError:
             owner = location if not walked else f"{location}:{'.'.join(walked)}"
-            raise TargetError(f"{owner} has no attribute {part!r}") from None
+            names = [n for n in dir(obj) if not n.startswith("__")]
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TargetError(f"{owner} has no attribute {part!r}{hint}") from None
         walked.append(part)
     return obj
 
