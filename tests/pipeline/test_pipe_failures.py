@@ -765,3 +765,39 @@ async def test_memory_stays_bounded_with_a_slow_sink(nats_server, peer):
     assert peak > 2 * batch, "the sink never fell behind: the bound was not exercised"
     assert server_peak <= bound + buffer
     assert sink.keys == [("S", i) for i in range(1, total + 1)]
+
+
+class SlowToOpen(MemorySink):
+    """A sink whose open waits for ``let_open`` (a Spark session's JVM starting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opening = trio.Event()
+        self.let_open = trio.Event()
+
+    async def open(self) -> None:
+        self.opening.set()
+        await self.let_open.wait()
+
+
+async def test_nothing_is_taken_before_the_sinks_are_open(nats_server, peer):
+    """A (re)started worker pulled while its sink opened and held what it took (+WPI) for as
+    long as the open took, away from the workers that could write it (issue 23): now the
+    consumer delivers nothing until every sink is open, then everything once."""
+    await publish(peer, 20)
+    sink = SlowToOpen()
+    pipe = fast_pipeline("slowopen")
+    pipe.source(source()).sink(sink, name="lake", batch=BatchPolicy(max_messages=20, max_age=0.1))
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        with trio.fail_after(10):
+            await sink.opening.wait()
+        await wait_consumer(peer, lambda i: i.name == "C")  # bound, waiting for the sink
+        with trio.move_on_after(1.0):  # an absence check: a second in which nothing comes
+            while True:
+                info = await consumer_info(peer)
+                assert info.delivered.stream_seq == 0 and info.num_ack_pending == 0
+                await trio.sleep(0.1)  # pacing the polls of the server's consumer state
+        sink.let_open.set()
+        await wait_consumer(peer, all_done(20))
+        assert run.stats.acks == 20
+    assert sorted(r.stream_seq for r in sink.records) == list(range(1, 21))

@@ -108,6 +108,9 @@ class PipelineRun:
         #: Set once finished: :meth:`stop` ended the run before it had drained.
         self.stopped_hard = False
         self._sinks_left = 0
+        #: Sink stages whose sink has not opened yet; sources take nothing before (stages.py).
+        self._sinks_to_open = 0
+        self._sinks_open = trio.Event()
         #: The identities of the stateful operators' results (``<pipeline>.<operator>``),
         #: which the sinks look up as they do a stream's (pipeline/stateful.py).
         self.result_identities: dict[str, StreamIdentity] = {}
@@ -134,6 +137,7 @@ class PipelineRun:
                 self.stages[batcher.name] = batcher
                 self.stages[writer.name] = writer
                 self._sinks_left += 1
+                self._sinks_to_open += 1
                 continue
             elif node.kind == "stateful":
                 stage = StatefulStage(node, self.tracker, self)
@@ -166,6 +170,16 @@ class PipelineRun:
             for sink in self.pipeline.sinks:
                 if node in self.pipeline.sources_of(sink):
                     self.pipeline.check_batch_fits(sink, node, limit)
+
+    def sink_opened(self) -> None:
+        """A sink stage's sink is open (the first time)."""
+        self._sinks_to_open -= 1
+        if self._sinks_to_open <= 0:
+            self._sinks_open.set()
+
+    async def sinks_opened(self) -> None:
+        """Until every sink of the run is open."""
+        await self._sinks_open.wait()
 
     def replays_in_order(self, source: Node) -> bool:
         """Whether ``source`` feeds a stateful operator, whose watermark needs what a dead

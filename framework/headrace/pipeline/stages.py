@@ -17,7 +17,7 @@ import datetime as dt
 import inspect
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -73,6 +73,8 @@ class SourceHost(Protocol):
 
     def replays_in_order(self, source: Node) -> bool: ...
 
+    async def sinks_opened(self) -> None: ...
+
 
 class SinkHost(Protocol):
     """What a sink stage needs of its run: its sink's :class:`SinkContext`, the stats it
@@ -89,6 +91,8 @@ class SinkHost(Protocol):
     def sink_context(self, sink: Node) -> SinkContext: ...
 
     def report_error(self, stage: str, error: BaseException) -> None: ...
+
+    def sink_opened(self) -> None: ...
 
 
 class _End:
@@ -218,13 +222,16 @@ class SourceStage(Stage):
                 delete_policy=spec.delete_policy,
             ) as sub:
                 self.subscription = sub
+                self.consumer_name = sub.consumer.name  # known to the sinks while they open
                 if self.run_.replays_in_order(self.node):
                     await self._replay_in_order(sub.consumer.cached_info)
+                await self._wait_for_sinks()
                 async with sub.consume(spec.consume_options()) as messages:
                     self.buffer = messages
                     self.run_.bound(self, sub.consumer.cached_info)
                     await self._pump(messages, tracker)
         else:
+            await self._wait_for_sinks()  # a push consumer delivers from its subscribe on
             async with js.subscribe(
                 subject,
                 stream=spec.stream,
@@ -236,6 +243,21 @@ class SourceStage(Stage):
                 self.run_.bound(self, sub.info)
                 await self._pump(sub, tracker)
         await self.forward_end()
+
+    async def _wait_for_sinks(self) -> None:
+        """Take nothing before every sink is open: what a source takes is held (kept alive
+        with ``+WPI``) until a sink commits it, so pulling while a sink opens (a Spark
+        session's JVM: a minute) held a restarted worker's 639 messages, 355 of them
+        redeliveries, away from the live workers that could have written them (issue 23).
+        A drain asked meanwhile ends the wait (there is then nothing to take)."""
+        async with trio.open_nursery() as nursery:
+
+            async def first(wait: Callable[[], Awaitable[Any]]) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(first, self.run_.sinks_opened)
+            nursery.start_soon(first, self._drain_requested.wait)
 
     async def _replay_in_order(self, info: ConsumerInfo) -> None:
         """Before the first pull of a source feeding a stateful operator: if the consumer has
@@ -567,6 +589,7 @@ class SinkStage(Stage):
         )
         self._failing = False
         self._retries_seen = 0
+        self._opened = False
 
     async def run(self) -> None:
         # The sink's background tasks (SinkContext.nursery) live from its open to its close.
@@ -581,6 +604,9 @@ class SinkStage(Stage):
     async def _run(self, context: SinkContext) -> None:
         await self.runner.bind(context)
         await self.runner.open()
+        if not self._opened:  # (once: a restarted stage opens its sink again)
+            self._opened = True
+            self.run_.sink_opened()
         try:
             while True:
                 item: Item | None = None
