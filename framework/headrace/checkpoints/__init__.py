@@ -1,4 +1,4 @@
-"""Checkpointed subscriptions (Beckett's model, ../shared/specs/beckett-subscriptions.md):
+"""Checkpointed subscriptions (Beckett's model; docs/checkpoints.md):
 per-entity order with failure isolation on a JetStream stream, state in a KV bucket.
 
 So far: :mod:`.checkpoint` (a checkpoint and its transitions, its KV key and stored form),

@@ -354,7 +354,7 @@ class AckTracker(Actor[_Poison | _Wake]):
             raise PipelineError(
                 f"pipeline {self.pipeline.name!r}: no stream stores its dead_letter subject "
                 f"{subject!r}, so a poison message's copy would be kept nowhere. Create a stream "
-                "capturing it (e.g. nats stream add DLQ --subjects "
+                "capturing it (e.g. headrace stream add DLQ --subjects "
                 f"'{subject}'), or leave dead_letter unset"
             ) from None
 
