@@ -52,6 +52,10 @@ class CheckpointMoved(CheckpointError):
 
 
 class Status(enum.StrEnum):
+    """Where a checkpoint stands: ``active`` (handling its entity's messages in order),
+    ``retry`` (its handler failed; the message is tried again at ``retry_at``), ``failed``
+    (retries used up: parked until an operator retries or skips it)."""
+
     ACTIVE = "active"
     RETRY = "retry"
     FAILED = "failed"
@@ -158,6 +162,10 @@ class Reservation:
 
 @attrs.frozen(slots=True, kw_only=True)
 class Checkpoint:
+    """One entity's place in one subscription (a KV value): how far the global consumer has
+    seen its stream (``version``), how far it was handled (``position``), and whether it is
+    active, retrying or failed."""
+
     id: CheckpointId
     #: The entity's last stream sequence the global consumer has seen.
     version: int = attrs.field(default=0, validator=non_negative)

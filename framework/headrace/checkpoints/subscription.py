@@ -52,6 +52,9 @@ def _string_set(value: Iterable[str]) -> frozenset[str]:
 
 @attrs.frozen(slots=True, kw_only=True)
 class Subscription:
+    """A handler of the messages that match it (by subject and type), run in order per entity
+    (the leading ``entity_tokens`` of the subject), each entity's place kept in a checkpoint."""
+
     name: str = attrs.field(validator=_names)
     #: Subject patterns; a message matches if its subject matches one (none: any subject).
     subjects: tuple[str, ...] = attrs.field(default=(), converter=_strings)
@@ -86,6 +89,9 @@ def _subscriptions(value: Iterable[Subscription]) -> tuple[Subscription, ...]:
 
 @attrs.frozen(slots=True, kw_only=True)
 class SubscriptionGroup:
+    """Subscriptions that share one global consumer of a stream and one set of workers: each
+    message goes to every subscription of the group that matches it."""
+
     name: str = attrs.field(validator=_names)
     subscriptions: tuple[Subscription, ...] = attrs.field(converter=_subscriptions)
     #: The header that carries a message's type.

@@ -78,10 +78,21 @@ def _not_snapshot(attribute: attrs.Attribute[Any], _value: Any) -> bool:
 
 @attrs.define(slots=True)
 class PipelineStats:
-    messages_in: int = 0  # JetStream messages taken from the sources
-    redeliveries: int = 0  # of those, delivered more than once
-    records_out: int = 0  # records handed to sinks
-    dropped: int = 0  # records a filter dropped (acked when dropped)
+    """What a run has done, counted as it goes (``run.stats``; ``headrace run`` reports it as
+    progress and Prometheus metrics): counters from 0 at the run's start, and a few levels
+    (``retrying``, ``lag``, ``ack_pending``) that go up and down. :meth:`snapshot` copies the
+    figures."""
+
+    #: JetStream messages taken from the sources.
+    messages_in: int = 0
+    #: Of those, messages delivered more than once (a redelivery after a crash, a nak, an ack
+    #: wait that ran out).
+    redeliveries: int = 0
+    #: Records handed to sinks.
+    records_out: int = 0
+    #: Records a filter dropped (their messages acked when nothing else holds them).
+    dropped: int = 0
+    #: Sink writes that committed.
     batches_committed: int = 0
     #: Sink writes that failed (each is retried, or its bad records isolated).
     batches_failed: int = 0
@@ -89,14 +100,21 @@ class PipelineStats:
     sink_retries: int = 0
     #: Sinks in a run of failures right now (no write has succeeded since the first).
     retrying: int = 0
+    #: Messages acked (everything they became was committed, or dropped).
     acks: int = 0
+    #: Messages naked (a failure; delivered again after a backoff).
     naks: int = 0
+    #: Messages terminated (poison: dead-lettered first when a ``dead_letter`` is set).
     terms: int = 0
+    #: Poison messages whose copy went to the dead-letter subject.
     dead_lettered: int = 0
     #: Poison messages terminated with no dead-letter copy (no ``dead_letter`` set).
     terminated_unkept: int = 0
-    in_progress: int = 0  # +WPI sent for slow commits
-    errors: int = 0  # operator and sink failures
+    #: ``+WPI`` sent: messages kept from redelivery while a commit takes long.
+    in_progress: int = 0
+    #: Operator and sink failures (each also in ``failures``).
+    errors: int = 0
+    #: Seconds spent in sink writes that committed, in all and the last one.
     commit_seconds_total: float = 0.0
     commit_seconds_last: float = 0.0
     #: Messages the consumer still has for us (num_pending from the last message's metadata).

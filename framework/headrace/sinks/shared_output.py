@@ -99,6 +99,8 @@ class Manifest:
 
 @attrs.frozen(slots=True)
 class SweepReport:
+    """What a sweep of a shared output did (``headrace outputs sweep``, a sink's upkeep)."""
+
     #: Committed attempts of other workers published, attempts deleted as dead, and attempts
     #: taken out of the state.
     rolled: int = 0
