@@ -108,3 +108,25 @@ def test_missing_stream_or_consumer(cli: Any, nats_server: Any, natspy: Any, js:
     code, _, err = cli("consumer", "resume", "NOPE", "C", *url)
     assert (code, err) == (1, "headrace consumer resume: stream 'NOPE' not found\n")
     assert paused(natspy, js)[0] is False
+
+
+def test_update_and_rm(cli: Any, nats_server: Any, natspy: Any, js: Any) -> None:
+    """`consumer update` changes max_ack_pending and ack_wait in place (nats-py reads them);
+    `consumer rm` deletes the consumer; both name what is missing; an update with nothing to
+    change is a usage error (issue 23: there was neither command)."""
+    url = ("--nats", nats_server.url)
+    code, out, err = cli("consumer", "update", "S", "C", "--max-ack-pending", "10000",
+                         "--ack-wait", "45s", *url)  # fmt: skip
+    assert code == 0, err
+    assert "Consumer C on stream S" in out
+    info = natspy.run(js.consumer_info("S", "C"))
+    assert info.config.max_ack_pending == 10000 and info.config.ack_wait == 45.0
+    code, _, err = cli("consumer", "update", "S", "C", *url)
+    assert code == 2 and "nothing to change" in err
+    code, _, err = cli("consumer", "update", "S", "NOPE", "--max-ack-pending", "5", *url)
+    assert code == 1 and "consumer 'NOPE' not found on stream 'S'" in err
+    code, out, err = cli("consumer", "rm", "S", "C", *url)
+    assert code == 0 and out == "deleted consumer C of stream S\n", err
+    assert natspy.run(js.consumers_info("S")) == []
+    code, _, err = cli("consumer", "rm", "S", "C", *url)
+    assert code == 1 and "consumer 'C' not found on stream 'S'" in err

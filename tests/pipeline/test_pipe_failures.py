@@ -802,3 +802,39 @@ async def test_nothing_is_taken_before_the_sinks_are_open(nats_server, peer):
         await wait_consumer(peer, all_done(20))
         assert run.stats.acks == 20
     assert sorted(r.stream_seq for r in sink.records) == list(range(1, 21))
+
+
+async def test_a_new_durable_is_made_with_room_for_the_batches(nats_server, peer):
+    """spark.md's batch of 50,000 on a consumer left to the server's default (1,000) was
+    refused after the consumer was made and messages delivered (issue 23). A durable the
+    source creates now gets what the source may hold in flight."""
+    await publish(peer, 30)
+    sink = MemorySink()
+    pipe = fast_pipeline("roomy")
+    pipe.source(source()).sink(sink, batch=BatchPolicy(max_messages=5000, max_age=0.1))
+    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+        info = await wait_consumer(peer, all_done(30))
+        assert info.config.max_ack_pending == run.max_in_flight(pipe.sources[0]) >= 10_000
+    assert len(sink.records) == 30
+
+
+async def test_a_durable_too_small_for_the_batches_is_refused_before_a_pull(nats_server, peer):
+    """A durable that exists is bound as it is: one whose max_ack_pending cannot hold a batch
+    is refused before anything is delivered, and the error says how to change it."""
+    from headrace.jetstream import AckPolicy, ConsumerConfig, JetStream
+
+    await publish(peer, 30)
+    async with connect(nats_server.url, **FAST) as nc:
+        js = JetStream(nc)
+        config = ConsumerConfig(
+            durable_name="C", max_ack_pending=1000, ack_policy=AckPolicy.EXPLICIT
+        )
+        await js.create_consumer("S", config)
+        pipe = fast_pipeline("tight")
+        pipe.source(source()).sink(MemorySink(), batch=BatchPolicy(max_messages=5000))
+        with pytest.raises(PipelineError, match="batches 5000 messages") as caught:
+            async with pipe.running(nc):
+                await trio.sleep_forever()
+    assert "`headrace consumer update S C --max-ack-pending 10000`" in str(caught.value)
+    info = await consumer_info(peer)
+    assert info.delivered.stream_seq == 0  # refused before the first pull

@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypeVar
+
+import attrs
 
 from headrace.cli.options import add_connection_arguments
-from headrace.cli.session import ToolError, print_json, run_with_jetstream
+from headrace.cli.session import ToolError, positive_int, print_json, run_with_jetstream, say
 from headrace.cli.stream import duration, table
 from headrace.jetstream import (
     ConsumerInfo,
@@ -37,12 +39,13 @@ from headrace.jetstream.codec import format_time, to_json
 from headrace.jetstream.pause import INDEFINITELY
 
 PROG = "headrace consumer"
+T = TypeVar("T")
 
 
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "consumer",
-        help="list a stream's consumers, show one, pause or resume one",
+        help="list a stream's consumers, show, pause, resume, update or delete one",
         description=(
             "List the consumers of STREAM (ls) or show one (info): its configuration, how far "
             "it delivered and acked, what is pending; pause or resume one's deliveries "
@@ -87,7 +90,33 @@ def add_parser(commands: Any) -> None:
     resume.add_argument("name", metavar="NAME")
     resume.add_argument("--json", action="store_true", help="the JetStream API's JSON")
     resume.set_defaults(func=resume_command)
-    for sub in (ls, info, pause, resume):
+    rm = actions.add_parser(
+        "rm", help="delete a consumer: its place in the stream and what it waited on acks for"
+    )
+    rm.add_argument("stream", metavar="STREAM")
+    rm.add_argument("name", metavar="NAME")
+    rm.set_defaults(func=rm_command)
+    update = actions.add_parser(
+        "update", help="change what a consumer allows in flight and how long it waits for acks"
+    )
+    update.add_argument("stream", metavar="STREAM")
+    update.add_argument("name", metavar="NAME")
+    update.add_argument(
+        "--max-ack-pending",
+        type=positive_int,
+        metavar="N",
+        help="messages delivered and not yet acked the server allows (a pipeline's batches "
+        "must fit in it)",
+    )
+    update.add_argument(
+        "--ack-wait",
+        type=duration,
+        metavar="DURATION",
+        help="how long a delivery waits for its ack",
+    )
+    update.add_argument("--json", action="store_true", help="the JetStream API's JSON")
+    update.set_defaults(func=update_command)
+    for sub in (ls, info, pause, resume, rm, update):
         add_connection_arguments(sub)
 
 
@@ -148,14 +177,19 @@ def info_command(args: argparse.Namespace) -> int:
             raise ToolError(f"stream {args.stream!r} not found") from exc
         except ConsumerNotFound as exc:
             raise ToolError(f"consumer {args.name!r} not found on stream {args.stream!r}") from exc
-        if args.json:
-            print_json(to_json(info))
-        else:
-            for line in describe(info):
-                print(line)
-        return 0
+        return _show_info(args, info)
 
     return run_with_jetstream(args, f"{PROG} info", body)
+
+
+def _show_info(args: argparse.Namespace, info: ConsumerInfo) -> int:
+    """A consumer's info: the API's JSON with ``--json``, else :func:`describe`'s lines."""
+    if args.json:
+        print_json(to_json(info))
+    else:
+        for line in describe(info):
+            print(line)
+    return 0
 
 
 def pause_command(args: argparse.Namespace) -> int:
@@ -178,7 +212,36 @@ def resume_command(args: argparse.Namespace) -> int:
     return run_with_jetstream(args, f"{PROG} resume", body)
 
 
-async def _on_consumer(args: argparse.Namespace, call: Awaitable[ConsumerPause]) -> ConsumerPause:
+def rm_command(args: argparse.Namespace) -> int:
+    async def body(js: JetStream) -> int:
+        await _on_consumer(args, js.delete_consumer(args.stream, args.name))
+        print(f"deleted consumer {args.name} of stream {args.stream}")
+        return 0
+
+    return run_with_jetstream(args, f"{PROG} rm", body)
+
+
+def update_command(args: argparse.Namespace) -> int:
+    changes: dict[str, Any] = {}
+    if args.max_ack_pending is not None:
+        changes["max_ack_pending"] = args.max_ack_pending
+    if args.ack_wait is not None:
+        changes["ack_wait"] = args.ack_wait
+    if not changes:
+        say(f"{PROG} update", "nothing to change: give --max-ack-pending or --ack-wait")
+        return 2
+
+    async def body(js: JetStream) -> int:
+        info = await _on_consumer(args, js.consumer_info(args.stream, args.name))
+        updated = await _on_consumer(
+            args, js.update_consumer(args.stream, attrs.evolve(info.config, **changes))
+        )
+        return _show_info(args, updated)
+
+    return run_with_jetstream(args, f"{PROG} update", body)
+
+
+async def _on_consumer(args: argparse.Namespace, call: Awaitable[T]) -> T:
     try:
         return await call
     except StreamNotFound as exc:

@@ -371,10 +371,19 @@ class PipelineGraph:
         """A batch larger than the consumer's max_ack_pending can never fill: the server stops
         delivering once that many messages wait for their ack."""
         if max_ack_pending > 0 and sink.batch.max_messages > max_ack_pending:
+            spec = source.source
+            fix = "ConsumerConfig(max_ack_pending=...) on the source"
+            if spec is not None and spec.durable is not None:
+                fix = (
+                    f"`headrace consumer update {spec.stream} {spec.durable} --max-ack-pending "
+                    f"{2 * sink.batch.max_messages}` for the consumer that exists, or "
+                    "ConsumerConfig(max_ack_pending=...) on the source"
+                )
             raise PipelineError(
                 f"sink {sink.name!r} batches {sink.batch.max_messages} messages, more than the "
                 f"max_ack_pending ({max_ack_pending}) of source {source.name!r}: its batches "
-                "could only ever be cut by age. Lower the batch or raise max_ack_pending"
+                f"could only ever be cut by age. Lower the batch, or raise max_ack_pending: "
+                f"{fix}"
             )
 
     def check_max_deliver(self, source: Node, max_deliver: int | None) -> None:

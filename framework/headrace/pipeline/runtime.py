@@ -164,12 +164,18 @@ class PipelineRun:
             info.config.ack_wait or DEFAULT_ACK_WAIT,
             getattr(buffer, "keep_alive", None),  # pull sources: their consume buffer's
         )
-        self.pipeline.check_max_deliver(node, info.config.max_deliver)
+        self.check_consumer(node, info)
+
+    def check_consumer(self, source: Node, info: ConsumerInfo) -> None:
+        """The consumer ``source`` bound fits the pipeline: its ``max_deliver`` does not give
+        up before ``max_deliveries``, its ``max_ack_pending`` holds the sinks' batches. The
+        source asks before its first pull (nothing taken yet when it is refused)."""
+        self.pipeline.check_max_deliver(source, info.config.max_deliver)
         limit = info.config.max_ack_pending
         if limit:
             for sink in self.pipeline.sinks:
-                if node in self.pipeline.sources_of(sink):
-                    self.pipeline.check_batch_fits(sink, node, limit)
+                if source in self.pipeline.sources_of(sink):
+                    self.pipeline.check_batch_fits(sink, source, limit)
 
     def sink_opened(self) -> None:
         """A sink stage's sink is open (the first time)."""

@@ -20,12 +20,13 @@ import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import attrs
 import trio
 
 from headrace.actors.actor import Actor
 from headrace.commits.errors import OutputConflict
 from headrace.errors import RequestTimeout, SubscriptionClosedError
-from headrace.jetstream.errors import JetStreamError, JetStreamUnavailable
+from headrace.jetstream.errors import ConsumerNotFound, JetStreamError, JetStreamUnavailable
 from headrace.jetstream.reset import supports_reset
 from headrace.jetstream.transient import is_transient, retry_transient
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT
@@ -36,7 +37,7 @@ from headrace.pipeline.sink_retry import BatchCommitter
 from headrace.sinks.errors import RecordsRejected, SinkError
 
 if TYPE_CHECKING:
-    from headrace.jetstream.consumer_config import ConsumerInfo
+    from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo
     from headrace.jetstream.context import JetStream
     from headrace.pipeline.ack_tracker import AckTracker
     from headrace.pipeline.nodes import Node
@@ -51,6 +52,8 @@ MAINTAIN_IDLE = 1.0
 #: How long after the ack wait of messages a dead worker held a stateful pipeline's source
 #: still waits before its first pull (the server's check of expired acks runs on a timer).
 REDELIVERY_MARGIN = 1.0
+#: What nats-server allows in flight on a consumer created without ``max_ack_pending``.
+DEFAULT_MAX_ACK_PENDING = 1000
 
 log = logging.getLogger("headrace.pipeline")
 
@@ -74,6 +77,8 @@ class SourceHost(Protocol):
     def replays_in_order(self, source: Node) -> bool: ...
 
     async def sinks_opened(self) -> None: ...
+
+    def check_consumer(self, source: Node, info: ConsumerInfo) -> None: ...
 
 
 class SinkHost(Protocol):
@@ -211,7 +216,7 @@ class SourceStage(Stage):
     async def _consume(self, spec: JetStreamSource) -> None:
         js: JetStream = self.run_.js
         tracker = self.run_.tracker
-        config = spec.consumer_config()
+        config = await self._with_room(spec, spec.consumer_config())
         subject = spec.filter_subjects[0] if len(spec.filter_subjects) == 1 else None
         if spec.pull:
             async with js.pull_subscribe(
@@ -222,7 +227,9 @@ class SourceStage(Stage):
                 delete_policy=spec.delete_policy,
             ) as sub:
                 self.subscription = sub
-                self.consumer_name = sub.consumer.name  # known to the sinks while they open
+                info = sub.consumer.cached_info
+                self.consumer_name = info.name  # known to the sinks while they open
+                self.run_.check_consumer(self.node, info)  # before the first pull
                 if self.run_.replays_in_order(self.node):
                     await self._replay_in_order(sub.consumer.cached_info)
                 await self._wait_for_sinks()
@@ -243,6 +250,34 @@ class SourceStage(Stage):
                 self.run_.bound(self, sub.info)
                 await self._pump(sub, tracker)
         await self.forward_end()
+
+    async def _with_room(self, spec: JetStreamSource, config: ConsumerConfig) -> ConsumerConfig:
+        """``config`` with a ``max_ack_pending`` its batches fit in, when this source will
+        create its consumer and the configuration leaves it to the server (whose default,
+        1,000, refused spark.md's batches of 50,000 after the consumer was made, issue 23): as
+        many as the source may hold in flight. A durable that exists is bound as it is (a
+        different value would be refused as a mismatch); its batches are checked before the
+        first pull."""
+        if config.max_ack_pending is not None:
+            return config
+        if spec.durable is not None:
+            try:
+                await self.run_.js.consumer_info(spec.stream, spec.durable)
+                return config
+            except ConsumerNotFound:
+                pass
+            except Exception:  # a probe: the subscribe says what is wrong, in its own words
+                return config
+        room = max(DEFAULT_MAX_ACK_PENDING, self.run_.max_in_flight(self.node))
+        if room != DEFAULT_MAX_ACK_PENDING:
+            log.info(
+                "source %s: creating its consumer with max_ack_pending %d, what it may hold in "
+                "flight (the server's default, %d, is below its batches)",
+                self.node.name,
+                room,
+                DEFAULT_MAX_ACK_PENDING,
+            )
+        return attrs.evolve(config, max_ack_pending=room)
 
     async def _wait_for_sinks(self) -> None:
         """Take nothing before every sink is open: what a source takes is held (kept alive
