@@ -24,7 +24,14 @@ def make_pipeline(out: str, partitioning: Partitioning | None = None) -> Pipelin
     pipe = Pipeline("partitioned", drain_timeout=10.0, partitioning=partitioning)
     (
         pipe.source(
-            JetStreamSource(stream="CLICKS", durable="counts", config=ConsumerConfig(ack_wait=2.0))
+            # max_ack_pending as the server's default: the kill tests' timing (a kill once a
+            # tenth of the windows is out) was set at that pace; more in flight finished every
+            # window before the kill under a loaded full run.
+            JetStreamSource(
+                stream="CLICKS",
+                durable="counts",
+                config=ConsumerConfig(ack_wait=2.0, max_ack_pending=1000),
+            )
         )
         .map(json.loads)
         .key_by(lambda c: c["user"])

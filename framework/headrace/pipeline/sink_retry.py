@@ -11,13 +11,14 @@ A sink's write can fail for two kinds of reasons, and treating them alike loses 
   stream back instead of burning its messages' delivery counts;
 - **some records are bad** (a value the sink can never write): the batch would fail on every
   delivery, and failing it whole would dead-letter its good records too. After ``split_after``
-  failures the batch is split (between messages), finer each round while every part fails:
-  halves, quarters, ... A part that commits proves the sink works: every part that failed
+  failures the batch is split (between messages) and each part written alone: in halves, and
+  each time it fails again in twice as many parts (quarters, eighths, ... up to
+  :data:`MAX_SPLIT_LEVEL`). A part that commits proves the sink works: every part that failed
   holds bad records, and is split on down to single messages; a message that fails alone
   ``poison_after`` times is failed on its own (naked, and dead-lettered after
-  ``max_deliveries`` like an operator's failing record). When every part fails, down to
-  :data:`SPLIT_WRITES` writes or to single messages, the sink is taken for down: pause, write
-  the whole again, and say so (``stuck``: a ``sink_stuck`` event in ``headrace run``).
+  ``max_deliveries`` like an operator's failing record). When every part fails, the sink is
+  taken for down: pause, write the whole again, and say so (``stuck``: a ``sink_stuck`` event
+  in ``headrace run``).
 
 A sink may say which kind an error is with an attribute ``transient`` on the exception: ``True``
 (the sink is down: never split, only wait), ``False`` (bad records: split at once, and a single
@@ -80,9 +81,9 @@ class SinkStuck(HeadraceError):
 
 #: Messages remembered as bad by one sink stage (their (stream, sequence)).
 REMEMBERED = 10_000
-#: Writes one round of splitting may spend while every part fails, before the sink is taken
-#: for down: halves, quarters, ... down to 32 parts (2 + 4 + 8 + 16 + 32).
-SPLIT_WRITES = 62
+#: The finest split of a failing batch: ``2 ** 5``, 32 parts (each round of splitting, while
+#: every part fails, doubles the parts up to that).
+MAX_SPLIT_LEVEL = 5
 
 #: Writes ``records`` as one batch; returns None when they are committed (or set aside by the
 #: sink as rejected), else the failure.
@@ -114,6 +115,19 @@ def _two(messages: list[list[Record]]) -> list[list[list[Record]]]:
         return [messages]
     middle = len(messages) // 2
     return [messages[:middle], messages[middle:]]
+
+
+def _chunks(messages: list[list[Record]], count: int) -> list[list[list[Record]]]:
+    """``messages`` in ``count`` contiguous parts of sizes that differ by one at most (fewer
+    when there are fewer messages)."""
+    count = max(1, min(count, len(messages)))
+    size, extra = divmod(len(messages), count)
+    parts, at = [], 0
+    for i in range(count):
+        end = at + size + (1 if i < extra else 0)
+        parts.append(messages[at:end])
+        at = end
+    return parts
 
 
 def _flat(messages: list[list[Record]]) -> list[Record]:
@@ -178,7 +192,7 @@ class BatchCommitter:
         await self._commit(records)
 
     async def _commit(self, records: list[Record]) -> None:
-        failures = 0
+        failures = rounds = 0
         while True:
             error = await self._write(records)
             if error is None:
@@ -189,8 +203,10 @@ class BatchCommitter:
                 self._poison(records, error)
                 return
             split = self._splittable(records, error, failures)
-            if split and await self._bisect(records):
-                return
+            if split:
+                rounds += 1
+                if await self._bisect(records, rounds):
+                    return
             if split or failures > self.retry.split_after:
                 self._say_stuck(records, error, failures)
             await self._pause(failures, error)
@@ -209,45 +225,53 @@ class BatchCommitter:
             return False
         return kind is False or failures >= self.retry.split_after
 
-    async def _bisect(self, records: list[Record]) -> bool:
-        """Find the bad records of ``records`` by writing parts of it alone, finer each
-        round: halves, then the halves of the parts that failed, and so on. A part that
-        commits proves the sink works (so does a sink that says every failure is bad data):
-        from then on every part that failed holds bad records, and is split on down to
-        single messages, each failed alone (:meth:`_isolate`). While every part fails, the
-        next round splits finer, until the parts are single messages or
-        :data:`SPLIT_WRITES` writes were spent: then the sink is taken for down (False).
-        An outage fails every part; bad records spread through a batch fail some parts only.
-        (Taking one round of two failing halves for an outage retried a batch of 262 messages
-        with 16 bad records whole, every 30 s, for ever.)"""
-        pending = [by_message(records)]
-        spent = 0
+    async def _bisect(self, records: list[Record], level: int = 1) -> bool:
+        """Find the bad records of ``records`` by writing parts of it alone: ``2 ** level``
+        parts (between messages; the caller raises ``level`` each time the batch fails again,
+        up to :data:`MAX_SPLIT_LEVEL`). A part that commits proves the sink works (so does a
+        sink that says every failure is bad data): every part that failed then holds bad
+        records, and is split down to single messages, each failed alone
+        (:meth:`_narrow`). When every part fails, the sink is taken for down (False), and
+        the next round splits finer. An outage fails every part; bad records spread through
+        a batch fail some parts only (16 bad records among 262 messages failed both halves,
+        and the batch was retried whole, every 30 s, for ever, when halves were the only
+        split). Finer each round, not at once: during an outage each round costs ``2 **
+        level`` writes, and a slow-failing sink (Spark, about a second a write) would
+        otherwise spend a minute a round on it."""
+        messages = by_message(records)
+        parts = _chunks(messages, 2 ** min(level, MAX_SPLIT_LEVEL))
+        failed: list[tuple[list[list[Record]], BaseException]] = []
         works = False
+        for part in parts:
+            error = await self._write(_flat(part))
+            if error is None:
+                works = True
+            else:
+                failed.append((part, error))
+        if not failed:
+            return True
+        if not works and not all(_bad_data(error) for _, error in failed):
+            self.stuck_rounds += 1
+            self.last_split = (len(messages), len(parts), len(parts))
+            return False
+        await self._narrow(failed)
+        return True
+
+    async def _narrow(self, failed: list[tuple[list[list[Record]], BaseException]]) -> None:
+        """The sink works: split each part that failed in halves, and the halves that fail
+        again, down to the messages that fail alone (:meth:`_isolate`)."""
+        pending = failed
         while pending:
-            parts = [half for part in pending for half in _two(part)]
-            failed: list[tuple[list[list[Record]], BaseException]] = []
-            for part in parts:
-                error = await self._write(_flat(part))
-                spent += 1
-                if error is None:
-                    works = True
-                else:
-                    failed.append((part, error))
-            if not failed:
-                return True
-            if not works and not all(_bad_data(error) for _, error in failed):
-                if spent >= SPLIT_WRITES or all(len(part) == 1 for part, _ in failed):
-                    self.stuck_rounds += 1
-                    self.last_split = (len(by_message(records)), len(parts), spent)
-                    return False
-                pending = [part for part, _ in failed]
-                continue
-            works = True  # the sink works, or says the records are bad: split to messages
-            for part, error in failed:
+            again: list[tuple[list[list[Record]], BaseException]] = []
+            for part, error in pending:
                 if len(part) == 1:
                     await self._isolate(part[0], error)
-            pending = [part for part, _ in failed if len(part) > 1]
-        return True
+                    continue
+                for half in _two(part):
+                    retried = await self._write(_flat(half))
+                    if retried is not None:
+                        again.append((half, retried))
+            pending = again
 
     async def _isolate(self, message: list[Record], error: BaseException) -> None:
         """One message's records failed alone while records beside them committed: written
@@ -276,10 +300,11 @@ class BatchCommitter:
         if messages < 2:
             tried = "it is one message, which cannot be split"
         elif self.last_split is not None:
-            _, parts, spent = self.last_split
+            _, parts, _ = self.last_split
             tried = (
-                f"written in parts down to {parts} parts of about {max(1, messages // parts)} "
-                f"messages ({spent} writes), every part failed"
+                f"written in {parts} parts of about {max(1, messages // parts)} messages, every "
+                "part failed (each round splits finer, up to "
+                f"{2**MAX_SPLIT_LEVEL} parts)"
             )
         else:
             tried = "not split: the sink marks its error transient (down)"
