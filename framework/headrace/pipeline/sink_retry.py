@@ -118,13 +118,14 @@ def _two(messages: list[list[Record]]) -> list[list[list[Record]]]:
 
 
 def _chunks(messages: list[list[Record]], count: int) -> list[list[list[Record]]]:
-    """``messages`` in ``count`` contiguous parts of sizes that differ by one at most (fewer
-    when there are fewer messages)."""
+    """``messages`` in ``count`` contiguous parts of sizes that differ by one at most, the
+    larger ones last (as :func:`_two` halves them; fewer parts when there are fewer
+    messages)."""
     count = max(1, min(count, len(messages)))
     size, extra = divmod(len(messages), count)
     parts, at = [], 0
     for i in range(count):
-        end = at + size + (1 if i < extra else 0)
+        end = at + size + (1 if i >= count - extra else 0)
         parts.append(messages[at:end])
         at = end
     return parts
