@@ -164,10 +164,6 @@ class BatchCommitter:
         self.isolated = 0
         #: Messages found bad (failed alone while others committed), oldest first.
         self._bad: dict[tuple[str, int], None] = {}
-        #: Rounds of splitting in which every part failed (the sink taken for down), and
-        #: the last one's (messages, parts written in its last step, writes spent).
-        self.stuck_rounds = 0
-        self.last_split: tuple[int, int, int] | None = None
 
     async def commit(self, records: list[Record]) -> None:
         """Until every record of ``records`` is committed or failed alone as poison; raises
@@ -209,7 +205,7 @@ class BatchCommitter:
                 if await self._bisect(records, rounds):
                     return
             if split or failures > self.retry.split_after:
-                self._say_stuck(records, error, failures)
+                self._say_stuck(records, error, failures, rounds if split else 0)
             await self._pause(failures, error)
 
     async def _write(self, records: list[Record]) -> BaseException | None:
@@ -252,8 +248,6 @@ class BatchCommitter:
         if not failed:
             return True
         if not works and not all(_bad_data(error) for _, error in failed):
-            self.stuck_rounds += 1
-            self.last_split = (len(messages), len(parts), len(parts))
             return False
         await self._narrow(failed)
         return True
@@ -292,16 +286,18 @@ class BatchCommitter:
             error = retried
             alone += 1
 
-    def _say_stuck(self, records: list[Record], error: BaseException, failures: int) -> None:
-        """Tell (``stuck``) that the batch is taken for an outage: what was tried, what
-        comes next, what to do if the sink is up."""
+    def _say_stuck(
+        self, records: list[Record], error: BaseException, failures: int, level: int
+    ) -> None:
+        """Tell (``stuck``) that the batch is taken for an outage: what was tried (``level``:
+        the split of this round, 0 for none), what comes next, what to do if the sink is up."""
         if self._stuck is None:
             return
         messages = len(by_message(records))
         if messages < 2:
             tried = "it is one message, which cannot be split"
-        elif self.last_split is not None:
-            _, parts, _ = self.last_split
+        elif level:
+            parts = min(2 ** min(level, MAX_SPLIT_LEVEL), messages)  # as _bisect split it
             tried = (
                 f"written in {parts} parts of about {max(1, messages // parts)} messages, every "
                 "part failed (each round splits finer, up to "
