@@ -238,7 +238,7 @@ class StatefulStage(Stage):
                 item: Any = None
                 with trio.move_on_at(due):
                     if len(self._pending) >= spec.max_pending_results:
-                        await self._wait_for_sinks(nursery)
+                        await self._wait_for_commits(nursery)
                     item = await inbox.receive()
                 if item is None:  # the interval passed with nothing new
                     self._tick()
@@ -265,7 +265,7 @@ class StatefulStage(Stage):
                     if self._start_snapshot(nursery):
                         due = trio.current_time() + spec.snapshot_interval
 
-    async def _wait_for_sinks(self, nursery: trio.Nursery) -> None:
+    async def _wait_for_commits(self, nursery: trio.Nursery) -> None:
         """Backpressure: the sinks have not committed ``max_pending_results`` results (a sink
         down, or slower than the windows fire). Taking more records would only add results
         to hold, in memory and in every snapshot; the records wait in the stream instead,
@@ -619,18 +619,11 @@ class StatefulStage(Stage):
         self, file: StateFile
     ) -> tuple[DiskWindowOperator | None, DiskKeyedOperator | None]:
         """The operator whose state a restored snapshot's ``file`` holds."""
-        spec = self.spec
-        if spec.kind == "window":
-            assert spec.assigner is not None and spec.aggregate is not None
-            windows = DiskWindowOperator.reopen(
-                spec.assigner, spec.aggregate, dt.timedelta(seconds=spec.lateness), file
-            )
-            windows.follow_events = spec.sides == 1
+        windows, keyed = self._operators(file)
+        if isinstance(windows, DiskWindowOperator):
+            windows.load_checkpoint()
             return windows, None
-        assert spec.fn is not None
-        keyed = DiskKeyedOperator(
-            spec.fn, file=file, ttl=spec.ttl, max_keys=spec.max_keys, name=self.node.name
-        )
+        assert isinstance(keyed, DiskKeyedOperator)
         keyed.reopen()
         return None, keyed
 

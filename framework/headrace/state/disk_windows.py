@@ -316,17 +316,22 @@ class DiskWindowOperator(WindowOperator):
         lateness: Duration,
         file: StateFile,
     ) -> DiskWindowOperator:
-        """The operator whose :meth:`checkpoint` ``file`` holds; :class:`WindowError` if it
-        was made with another assigner or lateness, or holds no window operator."""
+        """The operator whose :meth:`checkpoint` ``file`` holds (:meth:`load_checkpoint`)."""
         op = cls(assigner, aggregate, lateness, file=file)
-        meta = file.get_meta(META)
-        if not isinstance(meta, dict):
-            raise WindowError(f"{file.path} holds no window operator")
-        op._take_scalars(meta)
-        op._windows_open = meta["windows_open"]
-        op._keys_open = meta["keys_open"]
-        op._min_end = meta["min_end"]
+        op.load_checkpoint()
         return op
+
+    def load_checkpoint(self) -> None:
+        """Take the scalars of the file's last :meth:`checkpoint` (a file a snapshot
+        restored); :class:`WindowError` if it was made with another assigner or lateness, or
+        holds no window operator."""
+        meta = self._file.get_meta(META)
+        if not isinstance(meta, dict):
+            raise WindowError(f"{self._file.path} holds no window operator")
+        self._take_scalars(meta)
+        self._windows_open = meta["windows_open"]
+        self._keys_open = meta["keys_open"]
+        self._min_end = meta["min_end"]
 
     @classmethod
     def restore_into(
