@@ -155,4 +155,17 @@ def main(argv: list[str] | None = None) -> None:
 
         jsonlogs.say("headrace", "interrupted", exit_code=128 + 2)
         code = 128 + 2
+    _end(code)
+
+
+def _end(code: int) -> NoReturn:
+    """Exit with ``code``; without finalizing the interpreter when a sink call still runs
+    (one abandoned by a run that ended during a sync sink's ``open()``, say): finalization
+    would stop its thread where it stands, which aborts a C++ extension such as DuckDB (exit
+    134, issue 23). Everything the run had to say is printed by now."""
+    sink_threads = sys.modules.get("headrace.pipeline.sink_thread")
+    if sink_threads is not None and sink_threads.calls_running():
+        from headrace.cli.exits import exit_now
+
+        exit_now(code)
     sys.exit(code)

@@ -22,13 +22,28 @@ dropped, and the thread runs nothing else until it returns. :meth:`stop` (after 
 queues the end: the thread finishes what it runs, skips abandoned calls and goes back to trio's
 cache (where it exits after 10 s idle). If the run ends first, the thread stops at the same
 point; a call stuck for good keeps its (daemon) thread until the process exits.
+
+The end of the process: an abandoned call may still run when the interpreter finalizes, and
+finalization ends a daemon thread where it stands. In C++ code that catches every exception
+(DuckDB's ``connect`` or ``execute``) this is ``terminate called ... FATAL: exception not
+rethrown`` and an abort, exit 134, instead of the exit code the run decided (issue 23: a run
+that failed at start while a DuckDB sink's ``open()`` ran, 5 of 5 times). So the module knows
+which sink calls are running (:func:`calls_running`); ``headrace run`` ends without finalizing
+when one is (:func:`headrace.cli.exits.exit_now`, after its last line), and in an embedding
+application an exit handler waits up to :data:`EXIT_GRACE` seconds for them, then ends the
+same way (exit status 1) rather than abort.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextvars
+import os
 import queue
+import sys
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +51,57 @@ import trio
 
 #: The name each sink's thread carries while it serves the sink (``<prefix><sink name>``).
 THREAD_NAME_PREFIX = "headrace sink "
+
+#: How long an application's exit waits for sink calls that still run (see the module docs).
+EXIT_GRACE = 30.0
+
+#: Every sink thread not yet back in trio's cache; guarded by :data:`_calls_changed`.
+_serving: weakref.WeakSet[SinkThread] = weakref.WeakSet()
+#: Notified (by the threads) each time a sink call starts or ends.
+_calls_changed = threading.Condition()
+
+
+def calls_running() -> list[str]:
+    """The sink calls running now, abandoned ones included (``open() of sink 'duck'``)."""
+    with _calls_changed:
+        return sorted(
+            f"{running}() of sink {thread.name!r}"
+            for thread in _serving
+            if (running := thread.running) is not None
+        )
+
+
+def wait_for_calls(timeout: float) -> list[str]:
+    """Wait up to ``timeout`` seconds for no sink call to run; return those still running."""
+    deadline = time.monotonic() + timeout
+    with _calls_changed:
+        while running := calls_running():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return running
+            _calls_changed.wait(left)
+    return []
+
+
+@atexit.register
+def _at_exit() -> None:
+    """An application's exit: do not let finalization stop a thread in a sink call."""
+    if not calls_running():
+        return
+    running = wait_for_calls(EXIT_GRACE)
+    if running:
+        print(
+            f"headrace: {', '.join(running)} still running {EXIT_GRACE:g} s after exit began; "
+            "ending the process without finalizing it (a thread stopped in a C extension's "
+            "call could abort it)",
+            file=sys.stderr,
+        )
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(1)
 
 
 class _Call:
@@ -71,6 +137,8 @@ class SinkThread:
         self.ident: int | None = None
         #: Calls queued and not finished (abandoned ones included): the thread is free at 0.
         self.pending = 0
+        #: The name of the method the thread runs now (set by the thread), or None.
+        self.running: str | None = None
         trio.lowlevel.spawn_system_task(self._host, name=f"<sink thread {name}>")
 
     def __repr__(self) -> str:
@@ -122,6 +190,14 @@ class SinkThread:
             self._calls.put(None)
             self.ended.set()
 
+    def _running(self, method: str | None) -> None:
+        with _calls_changed:
+            self.running = method
+            if method is None:
+                _calls_changed.notify_all()
+            else:
+                _serving.add(self)
+
     def _serve(self) -> None:
         """The thread's loop."""
         self.ident = threading.get_ident()
@@ -132,10 +208,13 @@ class SinkThread:
                 return
             # (One abandoned before it began is skipped: as if never asked.)
             if not call.abandoned:
+                self._running(getattr(call.fn, "__name__", "call"))
                 try:
                     call.value = call.context.run(call.fn, *call.args)
                 except BaseException as exc:
                     call.error = exc
+                finally:
+                    self._running(None)
             try:
                 self._token.run_sync_soon(self._finished, call)
             except trio.RunFinishedError:
