@@ -80,3 +80,61 @@ async def test_sigkill_and_restart_write_every_message_exactly_once(
     assert missing == [], f"{len(missing)} sequences missing: {missing[:10]}"
     assert len(seqs) == N
     assert not list(out.glob(".headrace-*.tmp"))  # a temporary file left by the kill is gone
+
+
+STALLED = """\
+pipeline = Pipeline("stalled")
+pipeline.source(
+    JetStreamSource(
+        stream="ORDERS",
+        durable="lake",
+        config=ConsumerConfig(ack_wait=2.0, max_ack_pending=2 * N),
+    )
+).sink(
+    JsonlSink(OUT, commits="local"),
+    name="lake",
+    # The batch closes on size only: the N first deliveries wait in it (kept alive by +WPI)
+    # until the N redeliveries of the stall fill it.
+    batch=BatchPolicy(max_messages=2 * N, max_age=600),
+)
+"""
+
+
+@pytest.mark.slow
+async def test_a_stall_past_ack_wait_mid_batch_writes_each_message_once_in_local_mode(
+    nats_server, natspy, tmp_path: Path
+) -> None:
+    # Issue 23: the redeliveries of a stall joined the batch that held the first deliveries,
+    # and the local-mode jsonl sink wrote a line for each delivery.
+    n = 300
+    await create_stream(natspy, nats_server.url)
+    await publish(natspy, n)
+    out = tmp_path / "out"
+    path = write_pipeline(tmp_path, f"OUT = {str(out)!r}\nN = {n}\n" + STALLED)
+    async with headrace("run", str(path), "--nats", nats_server.url) as run:
+        await wait_consumer(
+            natspy,
+            lambda i: i.num_ack_pending == n and i.num_pending == 0,
+            stream="ORDERS",
+            durable="lake",
+        )
+        run.signal(signal.SIGSTOP)
+        try:
+            # Stalled past ack_wait: the server delivers every message again.
+            await wait_consumer(
+                natspy, lambda i: i.num_redelivered == n, stream="ORDERS", durable="lake"
+            )
+        finally:
+            run.signal(signal.SIGCONT)
+        await wait_consumer(
+            natspy,
+            lambda i: i.ack_floor.stream_seq == n and i.num_ack_pending == 0,
+            stream="ORDERS",
+            durable="lake",
+            timeout=30,
+        )
+        run.signal(signal.SIGINT)
+        assert await run.wait_exit() == 0
+    lines = read_jsonl(out)
+    assert sorted(line["stream_seq"] for line in lines) == list(range(1, n + 1))
+    assert {line["num_delivered"] for line in lines} == {1}

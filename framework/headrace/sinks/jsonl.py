@@ -20,6 +20,9 @@ every existing file (and removes temporary files left by a crash) to learn the e
   another file are left out;
 - otherwise records already committed are skipped, and a batch left empty writes nothing.
 
+A batch that holds two deliveries of one message (the second taken while the batch filled,
+after a stall past ``ack_wait``) is written with the first delivery's records only.
+
 A file's name gives the range of its batch, not its content: a message of that range may be
 missing from it (filtered, or failed in an operator and redelivered into a later batch), and is
 written when it comes again. Several records derived from one message (a ``flat_map``) share its
@@ -193,8 +196,12 @@ class JsonlSink:
             raise SinkError(f"batch key {batch.key!r} cannot name a file")
         final = self.directory / name
 
+        # A batch may hold two deliveries of one message (a stall past ack_wait mid-batch
+        # lets the redelivery join the batch the first delivery is in): the first is kept.
+        records, twice = once_per_message(batch.records)
+        self.duplicates_skipped += twice
         groups: dict[_Key, list[bytes]] = {}
-        for record in batch.records:
+        for record in records:
             meta = record.delivery.msg.metadata
             line = record_to_line(record).encode("utf-8")
             groups.setdefault((meta.stream, meta.stream_seq), []).append(line)
