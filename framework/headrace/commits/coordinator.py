@@ -24,21 +24,24 @@ failovers included (a replicated bucket elects a new leader within seconds).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import trio
 
 from headrace.commits.errors import (
     CommitContention,
     CommitStateMissing,
+    CommitStateRefused,
     CommitStateUnavailable,
     OutputOwned,
 )
 from headrace.commits.identity import Attempt, StreamIdentity, now_ms
 from headrace.commits.seqset import SeqSet
 from headrace.commits.state import CommitOutcome, CommitState, Committed, Overlap
+from headrace.errors import PermissionViolation
 from headrace.jetstream.context import JetStream
 from headrace.jetstream.kv import (
     BucketNotFound,
@@ -122,6 +125,20 @@ class CommitCoordinator:
         missing state is :class:`CommitStateMissing`. A state owned by someone else is
         :class:`OutputOwned`.
         """
+        with _refused(output, bucket):
+            return await cls._open(js, output, owner, worker, bucket, replicas, create)
+
+    @classmethod
+    async def _open(
+        cls,
+        js: JetStream,
+        output: str,
+        owner: str,
+        worker: str,
+        bucket: str,
+        replicas: int,
+        create: bool,
+    ) -> CommitCoordinator:
         kv = await retry_transient(lambda: _bucket(js, bucket, replicas, create))
         try:
             entry = await retry_transient(lambda: kv.get(output))
@@ -148,6 +165,7 @@ class CommitCoordinator:
                 f"output {output} is written by {state.owner!r}, not by {owner!r}: two "
                 "pipelines (or two sinks) cannot share an output. Give this one its own output"
             )
+        await _may_write(kv, output, entry.value)
         return cls(kv, state, entry.revision, worker=worker)
 
     # -- reading ----------------------------------------------------------------------------
@@ -230,7 +248,7 @@ class CommitCoordinator:
             if new is self.state:
                 return new
             try:
-                with trio.fail_after(REQUEST_TIMEOUT):
+                with trio.fail_after(REQUEST_TIMEOUT), _refused(self.key, self.kv.bucket):
                     revision = await self.kv.update(self.key, new.to_json(), self.revision)
             except WrongRevision as exc:
                 refusals += 1
@@ -338,6 +356,31 @@ class CommitCoordinator:
     async def report_floors(self, floors: Mapping[StreamIdentity, int]) -> CommitState:
         """Raise the streams' floors to the consumers' ack floors."""
         return await self.change(lambda state: state.with_floors(floors), confirm_unchanged=True)
+
+
+@contextlib.contextmanager
+def _refused(output: str, bucket: str) -> Iterator[None]:
+    """A permissions violation on the bucket is :class:`CommitStateRefused`: it names what to
+    allow, and stops the pipeline (exit 2) instead of failing batch after batch."""
+    try:
+        yield
+    except PermissionViolation as exc:
+        raise CommitStateRefused(output, bucket, exc.subject, exc.operation) from exc
+
+
+async def _may_write(kv: KeyValue, output: str, value: bytes) -> None:
+    """Check, before the first batch, that this user may write the state: a write
+    conditional on the key having no message at all, which the server refuses (the state
+    was just read) with a wrong last sequence when the user may write it, and with a
+    permissions violation when not. Were it ever to land (the key purged meanwhile), it
+    writes the state just read."""
+    try:
+        with trio.fail_after(REQUEST_TIMEOUT):
+            await kv.update(output, value, 0)
+    except Exception as exc:
+        # (No answer, or no leader: the first batch's write will tell.)
+        if not (isinstance(exc, WrongRevision) or is_transient(exc)):
+            raise
 
 
 async def _bucket(js: JetStream, bucket: str, replicas: int, create: bool) -> KeyValue:

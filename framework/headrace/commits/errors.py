@@ -61,6 +61,28 @@ class CommitStateMissing(OutputConflict):
     it, a redelivered record could be written twice."""
 
 
+class CommitStateRefused(OutputConflict):
+    """The server refuses this user the commit bucket (a permissions violation): an output
+    shared by a pipeline's workers cannot be written without it, and a restart would be
+    refused the same way. ``bucket`` and ``subject`` (the refused one) say what to allow; the
+    :class:`~headrace.errors.PermissionViolation` is the ``__cause__``."""
+
+    def __init__(self, output: str, bucket: str, subject: str, operation: str) -> None:
+        self.output = output
+        self.bucket = bucket
+        self.subject = subject
+        stream = f"KV_{bucket}"
+        super().__init__(
+            f"output {output}: the server refuses this user the commit bucket {bucket!r} "
+            f"({operation} to {subject!r}: permissions violation). The workers of a pipeline "
+            "share an output through its commit state there: allow this user to publish to "
+            f'"$KV.{bucket}.>", "$JS.API.STREAM.INFO.{stream}", '
+            f'"$JS.API.STREAM.MSG.GET.{stream}" and "$JS.API.CONSUMER.CREATE.{stream}.>" '
+            f'(and "$JS.API.STREAM.CREATE.{stream}" if the bucket is still to be made), or '
+            "write the output from one process (commits='local')"
+        )
+
+
 class CorruptCommitState(OutputConflict):
     """The commit state (or the output's manifest) cannot be read back."""
 
