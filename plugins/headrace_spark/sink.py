@@ -292,19 +292,24 @@ class SparkSink:
         if self._ledger is None and self._shared is None:
             raise SinkNotOpen(f"{self!r} is not open")
         tag = f"headrace-spark-{secrets.token_hex(6)}"
+        before = self.duplicates_skipped
         try:
             if self._shared is not None:
                 await self._write_shared(self._shared, batch, tag)
-                return
-            await trio.to_thread.run_sync(
-                self._write_sync, batch, tag, limiter=self._limiter, abandon_on_cancel=True
-            )
+            else:
+                await trio.to_thread.run_sync(
+                    self._write_sync, batch, tag, limiter=self._limiter, abandon_on_cancel=True
+                )
         except trio.Cancelled:
             self._cancelled.add(tag)
             # Cancelling is a quick call into Spark, but still a call that could block: from a
             # thread of its own, so the loop goes on at once.
             threading.Thread(target=self._cancel_jobs, args=(tag,), daemon=True).start()
             raise
+        finally:
+            # Records left out as committed already: the pipeline counts them apart (also
+            # when some records were rejected and the rest committed).
+            batch.skipped += self.duplicates_skipped - before
 
     async def maintain(self) -> None:
         """Idle upkeep (the pipeline calls it between batches): a shared output's sweep, when

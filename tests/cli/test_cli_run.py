@@ -89,7 +89,8 @@ async def test_plain_progress_and_sigint(nats_server, natspy, tmp_path: Path) ->
         fields = _plain_fields(line)
         assert line[:4].isdigit() and line.split()[1] == "progress"
         assert fields["pipeline"] == "mem"
-        assert fields["in"] == "50" and fields["out"] == "50"
+        assert fields["in"] == "50" and fields["out"] == "50" and fields["skipped"] == "0"
+        assert fields["commit_sink"] == "out" and fields["redelivered_held"] == "0"
         assert int(fields["batches"]) >= 5
         assert fields["errors"] == "0" and fields["naks"] == "0"
         assert re.fullmatch(r"\d+\.\d/s", fields["rate"])
@@ -251,6 +252,8 @@ async def test_metrics_endpoint(nats_server, natspy, tmp_path: Path) -> None:
         assert samples[f"headrace_records_committed_total{{{p}}}"] == 40
         assert samples[f"headrace_naks_total{{{p}}}"] == 0
         assert samples[f"headrace_redeliveries_total{{{p}}}"] == 0
+        assert samples[f"headrace_redeliveries_held_total{{{p}}}"] == 0
+        assert samples[f"headrace_records_skipped_total{{{p}}}"] == 0
         assert samples[f"headrace_lag_messages{{{p}}}"] == 0
         assert samples[f"headrace_ack_pending_messages{{{p}}}"] == 0
         batches = samples[f"headrace_batches_committed_total{{{p}}}"]

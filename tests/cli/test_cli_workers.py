@@ -177,14 +177,14 @@ def test_sums_carry_counts_over_restarts_not_levels() -> None:
     idle = Worker(1)  # took messages and committed long ago: its figures are stale
     idle.report(
         {"messages_in": 5, "acks": 5, "ack_pending": 3, "lag": 40, "batches_committed": 1,
-         "commit_seconds_last": 0.9},
+         "commit_seconds_last": 0.9, "commit_last_sink": "slow"},
         now=1.0,
     )  # fmt: skip
     busy = Worker(2)
     busy.report({"messages_in": 4, "lag": 9}, now=1.0)
     busy.report(
         {"messages_in": 10, "acks": 8, "ack_pending": 2, "lag": 7, "batches_committed": 2,
-         "commit_seconds_last": 0.3},
+         "commit_seconds_last": 0.3, "commit_last_sink": "fast"},
         now=2.0,
     )  # fmt: skip
     new = Worker(3)  # started, took nothing yet
@@ -195,6 +195,7 @@ def test_sums_carry_counts_over_restarts_not_levels() -> None:
     assert total["ack_pending"] == 5  # each worker's own unsettled messages
     assert total["lag"] == 7  # the freshest figure of the one consumer, not a sum or the max
     assert total["commit_seconds_last"] == 0.3  # the last commit, not the slowest
+    assert total["commit_last_sink"] == "fast"  # and its sink
     assert total["naks"] == 0  # every field, reported or not
     # Figures less than a reporting interval apart cannot be ordered: the smallest of them.
     early, late = Worker(4), Worker(5)

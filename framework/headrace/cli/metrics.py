@@ -42,6 +42,14 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "Messages taken that had been delivered before.",
     ),
     "records_out": ("headrace_records_committed_total", "Records committed by the sinks."),
+    "records_skipped": (
+        "headrace_records_skipped_total",
+        "Records sinks left out as committed already (redeliveries of what they wrote).",
+    ),
+    "redelivered_held": (
+        "headrace_redeliveries_held_total",
+        "Redeliveries of messages the pipeline still held (a +WPI came too late): not taken.",
+    ),
     "dropped": ("headrace_records_dropped_total", "Records dropped by filters (acked)."),
     "batches_committed": ("headrace_batches_committed_total", "Batches committed by the sinks."),
     "batches_failed": (

@@ -100,6 +100,12 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def _by(stats: dict[str, Any]) -> str:
+    """`` by <sink>``: the sink of the last commit, if any."""
+    sink = stats.get("commit_last_sink")
+    return f" by {sink}" if sink else ""
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}ms"
 
@@ -250,6 +256,7 @@ class PlainLines(Reporter):
             f"in={s['messages_in']}",
             f"rate={sample.rate:.1f}/s",
             f"out={s['records_out']}",
+            f"skipped={s.get('records_skipped', 0)}",
             f"lag={s['lag']}",
             f"ack_pending={s['ack_pending']}",
             f"batches={s['batches_committed']}",
@@ -257,6 +264,7 @@ class PlainLines(Reporter):
             f"acks={s['acks']}",
             f"naks={s['naks']}",
             f"redelivered={s['redeliveries']}",
+            f"redelivered_held={s.get('redelivered_held', 0)}",
             f"errors={s['errors']}",
             f"dropped={s.get('dropped', 0)}",
             f"terms={s.get('terms', 0)}",
@@ -265,6 +273,7 @@ class PlainLines(Reporter):
             f"retrying={s.get('retrying', 0)}",
             f"sink_retries={s.get('sink_retries', 0)}",
             f"commit_last={_ms(s['commit_seconds_last'])}",
+            f"commit_sink={s.get('commit_last_sink') or '-'}",
             f"commit_avg={_ms(_commit_avg(s))}",
             f"actors_running={running}/{len(states)}",
         ]
@@ -337,12 +346,12 @@ class LiveView(Reporter):
         lines = [
             f"headrace run {sample.pipeline}   up {_duration(sample.uptime)}   {status}",
             f"  in      {s['messages_in']:>12,} msg   {sample.rate:>10,.1f} msg/s"
-            f"   redelivered {s['redeliveries']:,}",
+            f"   redelivered {s['redeliveries']:,} (held {s.get('redelivered_held', 0):,})",
             f"  out     {s['records_out']:>12,} rec   {sample.out_rate:>10,.1f} rec/s"
-            f"   dropped {s['dropped']:,}",
+            f"   dropped {s['dropped']:,}   skipped {s.get('records_skipped', 0):,}",
             f"  lag     {s['lag']:>12,} pending    ack pending {s['ack_pending']:,}",
             f"  batches {s['batches_committed']:>12,} committed  failed {s['batches_failed']:,}"
-            f"   commit {_ms(s['commit_seconds_last'])} (avg {_ms(_commit_avg(s))})",
+            f"   commit {_ms(s['commit_seconds_last'])}{_by(s)} (avg {_ms(_commit_avg(s))})",
             f"  acks    {s['acks']:>12,}   naks {s['naks']:,}   terms {s['terms']:,}"
             f"   dead-lettered {s['dead_lettered']:,}   in progress {s['in_progress']:,}",
             f"  errors  {s['errors']:>12,}   sinks retrying {s.get('retrying', 0):,}"

@@ -153,9 +153,15 @@ _FLAGS = (("tls_first", "--tls-first"),)
 #: ``ack_pending`` and ``connected`` are summed over the live workers (each holds its own
 #: messages and its own connection); the others come from the freshest figures: those of the
 #: workers whose counter named here went up last (module docs).
-LEVELS = frozenset({"ack_pending", "connected", "lag", "commit_seconds_last"})
+LEVELS = frozenset(
+    {"ack_pending", "connected", "lag", "commit_seconds_last", "commit_last_sink"}
+)
 SUMMED_LEVELS = ("ack_pending", "connected")
-FRESHEST: dict[str, str] = {"lag": "messages_in", "commit_seconds_last": "batches_committed"}
+FRESHEST: dict[str, str] = {
+    "lag": "messages_in",
+    "commit_seconds_last": "batches_committed",
+    "commit_last_sink": "batches_committed",
+}
 
 
 # -- the worker's side ------------------------------------------------------------------------
@@ -381,7 +387,7 @@ class Worker:
         """A stats report of the current process, read at ``now``."""
         before = self.stats or {}
         for level, counter in FRESHEST.items():
-            if is_number(stats.get(level)) and stats.get(counter, 0) != before.get(counter, 0):
+            if level in stats and stats.get(counter, 0) != before.get(counter, 0):
                 self.fresh[level] = now
         self.stats = stats
 

@@ -21,7 +21,11 @@ never cuts it in half.
 Slow commits: the tracker's own task sends +WPI (work in progress) for messages held longer than
 half of their consumer's ack_wait, so that a slow sink does not cause redeliveries. The same scan
 asks each pull source's consume buffer to do so for messages still waiting there (a source stops
-taking while its ``max_in_flight`` messages are in the pipeline).
+taking while its ``max_in_flight`` messages are in the pipeline). On a host that wakes the scan
+late, the +WPI go out early by twice the lateness (up to a quarter ack wait). If one still comes
+too late, the server delivers the message again while it is held: that redelivery is not taken
+again (``_held_again``): keep-alives and the pipeline's work would otherwise grow with the
+redeliveries they failed to prevent, and starve the host further.
 """
 
 from __future__ import annotations
@@ -124,6 +128,11 @@ class AckTracker(Actor[_Poison | _Wake]):
         #: way the tracker reaches back to a source, instead of holding its buffer.
         self.keep_alives: dict[str, KeepAlive] = {}
         self._rescan = trio.Event()
+        #: Seconds each +WPI is sent ahead of its due time: how late the scan has lately
+        #: woken (a starved host, a loop held up), doubled, up to a quarter of the ack wait,
+        #: and that quarter once a held message was delivered again (its +WPI came too late
+        #: for the server). Halves at each scan on time.
+        self._margin = 0.0
         #: Poison messages whose dead-letter copy and +TERM are still to come: kept alive by
         #: the +WPI scan meanwhile, or a slow dead letter would let the server deliver them
         #: again (and each be dead-lettered twice).
@@ -160,8 +169,18 @@ class AckTracker(Actor[_Poison | _Wake]):
 
     def admit(self, msgs: list[JsMsg], source: str, since: float | None = None) -> list[Record]:
         """Messages taken from a source become deliveries and records. ``since``: when their
-        ack_wait started (they may have waited in a consume buffer), if not now."""
+        ack_wait started (they may have waited in a consume buffer), if not now.
+
+        A redelivery of a message the pipeline still holds is not taken again
+        (:meth:`_held_again`)."""
         now = trio.current_time() if since is None else since
+        groups = self._groups
+        if (
+            groups
+            and msgs
+            and now - groups[0].received >= self.ack_wait.get(source, DEFAULT_ACK_WAIT) / 2
+        ):
+            msgs = self._held_again(msgs, source)
         group = _Group(now, [])
         deliveries = group.deliveries = [Delivery(m, now, source, group) for m in msgs]
         group.open = len(deliveries)
@@ -177,6 +196,46 @@ class AckTracker(Actor[_Poison | _Wake]):
                 stats.redeliveries += sum(1 for m in msgs if m.metadata.num_delivered > 1)
         # m.msg.data, not the JsMsg's data property: one call less per message.
         return [Record(m.msg.data, d) for m, d in zip(msgs, deliveries, strict=True)]
+
+    def _held_again(self, msgs: list[JsMsg], source: str) -> list[JsMsg]:
+        """``msgs`` without the redeliveries of messages ``source`` still holds.
+
+        A message is delivered again while held when its ``+WPI`` came too late (a host
+        starved of CPU, a loop stalled past ``ack_wait``). Taken again, it went through the
+        pipeline a second time, was kept alive a second time, and its sink skipped it as
+        committed: work that starved the host further and made more keep-alives late (issue
+        23: 86,641 deliveries and 1.29 M keep-alives for 10,000 messages, a poison batch being
+        split with a 2 s ack_wait). Instead the held delivery takes the newest one's place:
+        its ack, nak or ``+WPI`` answers the server's latest delivery (the server keeps one
+        pending entry per message; an ack or ``+WPI`` on an older delivery's subject acts on
+        the same one). Looked for only when something has been held for half an ack wait or
+        more: before that, nothing held can have been delivered again."""
+        if not any(m.metadata.num_delivered > 1 for m in msgs):
+            return msgs
+        held: dict[tuple[str, int], Delivery] = {}
+        for group in self._groups:
+            for delivery in group.deliveries:
+                if not delivery.done and delivery.source == source:
+                    meta = delivery.msg.metadata
+                    held[meta.stream, meta.stream_seq] = delivery
+        if not held:
+            return msgs
+        half = self.ack_wait.get(source, DEFAULT_ACK_WAIT) / 2
+        now = trio.current_time()
+        taken: list[JsMsg] = []
+        for msg in msgs:
+            meta = msg.metadata
+            holder = held.get((meta.stream, meta.stream_seq)) if meta.num_delivered > 1 else None
+            if holder is None or meta.num_delivered <= holder.msg.metadata.num_delivered:
+                taken.append(msg)
+                continue
+            holder.msg = msg
+            holder.wpi_at = now + half  # (the server's timer started again with it)
+            self.stats.redelivered_held += 1
+        if len(taken) < len(msgs):
+            # Our +WPI came too late for the server: send them a quarter ack wait early.
+            self._margin = self._scan_interval()
+        return taken
 
     def forked(self, records: list[Record], copies: int) -> None:
         """Each of ``records`` goes on as ``copies`` records (a fan-out to several stages):
@@ -194,9 +253,11 @@ class AckTracker(Actor[_Poison | _Wake]):
         self.stats.dropped += len(records)
         self._settle(records)
 
-    def committed(self, records: list[Record]) -> None:
-        """A sink committed these records."""
-        self.stats.records_out += len(records)
+    def committed(self, records: list[Record], skipped: int = 0) -> None:
+        """A sink committed these records, ``skipped`` of them by finding them committed
+        already (``Batch.skipped``)."""
+        self.stats.records_out += len(records) - skipped
+        self.stats.records_skipped += skipped
         self._settle(records)
 
     def _settle(self, records: list[Record]) -> None:
@@ -339,6 +400,10 @@ class AckTracker(Actor[_Poison | _Wake]):
                 self._rescan = trio.Event()
                 next_scan = min(next_scan, trio.current_time() + self._scan_interval())
                 continue
+            now = trio.current_time()
+            self._margin = min(
+                self._scan_interval(), max(self._margin / 2, 2 * (now - next_scan))
+            )
             self._send_in_progress()
             next_scan = trio.current_time() + self._scan_interval()
 
@@ -364,25 +429,27 @@ class AckTracker(Actor[_Poison | _Wake]):
 
     def _send_in_progress(self) -> None:
         now = trio.current_time()
+        # Due by then: sent now (see _margin).
+        due = now + self._margin
         for source, keep_alive in self.keep_alives.items():
-            sent = keep_alive(now - self.ack_wait.get(source, DEFAULT_ACK_WAIT) / 2)
+            sent = keep_alive(due - self.ack_wait.get(source, DEFAULT_ACK_WAIT) / 2)
             self.stats.in_progress += sent
         for group in self._groups:
             if group.open <= 0:
                 continue
             half = self.ack_wait.get(group.deliveries[0].source, DEFAULT_ACK_WAIT) / 2
-            if now - group.received < half:
+            if due - group.received < half:
                 continue  # (not a break: sources' groups interleave, with their own ack_waits)
             open_ = [d for d in group.deliveries if not d.done]
             group.deliveries = open_  # keep only what is still in flight
             for delivery in open_:
-                if now >= delivery.wpi_at:
+                if due >= delivery.wpi_at:
                     delivery.msg.in_progress_nowait()
                     delivery.wpi_at = now + half
                     self.stats.in_progress += 1
         for delivery in self._poison_pending.values():
             half = self.ack_wait.get(delivery.source, DEFAULT_ACK_WAIT) / 2
-            if now - delivery.received >= half and now >= delivery.wpi_at:
+            if due - delivery.received >= half and due >= delivery.wpi_at:
                 delivery.msg.in_progress_nowait()
                 delivery.wpi_at = now + half
                 self.stats.in_progress += 1

@@ -43,13 +43,19 @@ def _stream_sequences(records: list[Record]) -> dict[str, list[int]]:
 
 
 class Batch:
-    """Records for one ``write_batch`` call."""
+    """Records for one ``write_batch`` call.
 
-    __slots__ = ("_ranges", "records", "sink")
+    ``skipped``: set by a sink that left records out as already committed (a redelivery of
+    messages it wrote before: after a crash, a stall past ``ack_wait``, a nak): the pipeline
+    counts them as ``records_skipped``, not as ``records_out``.
+    """
+
+    __slots__ = ("_ranges", "records", "sink", "skipped")
 
     def __init__(self, records: list[Record], sink: str = "") -> None:
         self.records = records
         self.sink = sink
+        self.skipped = 0
         self._ranges: list[tuple[str, int, int]] | None = None
 
     def __len__(self) -> int:

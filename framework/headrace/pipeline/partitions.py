@@ -202,10 +202,14 @@ class PartitionRuns:
         for run in self.runs.values():
             add_counts(total, run.stats.snapshot())
         levels = list(self._levels_now())
-        for key in LEVELS:
+        for key in LEVELS - {"commit_last_sink"}:
             values = [figures[key] for figures in levels]
             if values:
                 total[key] = max(values) if key == "commit_seconds_last" else sum(values)
+        if levels:
+            # The sink of the slowest last commit: the one commit_seconds_last shows.
+            slowest = max(levels, key=lambda figures: figures["commit_seconds_last"])
+            total["commit_last_sink"] = slowest["commit_last_sink"]
         return total
 
     def state_figures(self, now: float) -> dict[str, dict[str, Any]]:

@@ -712,7 +712,8 @@ class SinkStage(Stage):
         stats.batches_committed += 1
         stats.commit_seconds_last = elapsed
         stats.commit_seconds_total += elapsed
-        self.tracker.committed(records)
+        stats.commit_last_sink = self.node.name
+        self.tracker.committed(records, skipped=min(max(batch.skipped, 0), len(records)))
         on_commit = self.run_.on_commit
         if on_commit is not None:
             on_commit(self.node.name, records)

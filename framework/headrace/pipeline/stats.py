@@ -88,8 +88,12 @@ class PipelineStats:
     #: Of those, messages delivered more than once (a redelivery after a crash, a nak, an ack
     #: wait that ran out).
     redeliveries: int = 0
-    #: Records handed to sinks.
+    #: Records sinks committed (written, or taken by a sink that does not skip).
     records_out: int = 0
+    #: Records sinks left out as already committed (``Batch.skipped``: redeliveries of
+    #: messages they had written, after a crash, a stall past ``ack_wait``, a nak); their
+    #: messages are acked, and they are not in ``records_out``.
+    records_skipped: int = 0
     #: Records a filter dropped (their messages acked when nothing else holds them).
     dropped: int = 0
     #: Sink writes that committed.
@@ -112,11 +116,17 @@ class PipelineStats:
     terminated_unkept: int = 0
     #: ``+WPI`` sent: messages kept from redelivery while a commit takes long.
     in_progress: int = 0
+    #: Redeliveries of messages the pipeline still held (their ``+WPI`` came too late: a
+    #: starved host, a stalled loop): not taken again (not in ``messages_in``); the held
+    #: message answers for the newest delivery.
+    redelivered_held: int = 0
     #: Operator and sink failures (each also in ``failures``).
     errors: int = 0
     #: Seconds spent in sink writes that committed, in all and the last one.
     commit_seconds_total: float = 0.0
     commit_seconds_last: float = 0.0
+    #: The sink of that last commit.
+    commit_last_sink: str = ""
     #: Messages the consumer still has for us (num_pending from the last message's metadata).
     lag: int = 0
     #: Deliveries taken and not yet acked, naked or terminated.
@@ -174,7 +184,7 @@ class PipelineStats:
 
 #: Fields of the snapshot that are levels (what is so now), not counts (what has happened): a
 #: run that stopped has none any more, so they are not carried over from it.
-LEVELS = frozenset({"ack_pending", "retrying", "lag", "commit_seconds_last"})
+LEVELS = frozenset({"ack_pending", "retrying", "lag", "commit_seconds_last", "commit_last_sink"})
 #: The field that counts failures per actor and error type: added up key by key.
 FAILURES = "failures"
 

@@ -176,11 +176,16 @@ class JsonlSink:
         self.files_written = 0
 
     def write_batch(self, batch: Batch) -> None:
-        """Write ``batch`` durably, leaving out records already committed; see the module
-        docs."""
+        """Write ``batch`` durably, leaving out records already committed (counted in
+        ``batch.skipped``); see the module docs."""
+        before = self.duplicates_skipped
         if self._shared is not None:
             trio.from_thread.run(self._write_shared, self._shared, batch)
-            return
+        else:
+            self._write_local(batch)
+        batch.skipped += self.duplicates_skipped - before
+
+    def _write_local(self, batch: Batch) -> None:
         committed = self._committed
         if committed is None:
             raise SinkNotOpen(f"{self!r} is not open: call open() before write_batch()")
