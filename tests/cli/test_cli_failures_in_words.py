@@ -148,6 +148,37 @@ async def test_plain_lines_say_the_error_and_the_poison_counters(
     assert first["stream"] == "ORDERS" and 1 <= int(first["seq"]) <= N, first
 
 
+WARNING = """\
+import warnings
+
+
+class Warns(MemorySink):
+    async def write_batch(self, batch):
+        warnings.warn("the lake is slow today", RuntimeWarning)
+        await super().write_batch(batch)
+
+
+pipeline = Pipeline("warns")
+pipeline.source(JetStreamSource(stream="ORDERS", durable="warns")).sink(Warns(), name="out")
+"""
+
+
+async def test_a_warning_is_an_event_line(nats_server: Any, natspy: Any, tmp_path: Path) -> None:
+    """Issue 23: a warning given while the run went on (the framework's, while the server was
+    away) was printed as Python's two raw lines between the progress lines."""
+    await create_stream(natspy, nats_server.url)
+    await publish(natspy, 5)
+    path = write_pipeline(tmp_path, WARNING)
+    async with headrace("run", str(path), "--nats", nats_server.url) as proc:
+        _, line = await proc.wait_line(lambda line: " warning " in line)
+        proc.signal(signal.SIGINT)
+        assert await proc.wait_exit() == 0, proc.transcript()
+    fields = _plain_fields(line)
+    assert fields["pipeline"] == "warns" and fields["category"] == "RuntimeWarning", line
+    assert fields["message"] == "the lake is slow today", line
+    assert not [x for x in proc.err if "RuntimeWarning:" in x or "warnings.warn" in x]
+
+
 async def test_the_live_view_shows_the_last_error_and_the_connection(
     nats_server: Any, natspy: Any, tmp_path: Path
 ) -> None:

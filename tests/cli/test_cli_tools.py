@@ -556,3 +556,22 @@ def test_a_port_whose_last_server_died_is_not_in_use() -> None:
     waiting = [r for r in rows if r[1].endswith(f":{port:04X}") and r[3] == "06"]
     assert waiting, "no TIME-WAIT (06) connection on the port: the test made none"
     assert not _port_taken(port)
+
+
+async def test_pub_says_the_connection_was_lost(nats_server_factory: Any, natspy: Any) -> None:
+    """Issue 23: publishing while the server went away said "no reply within 5s", which reads
+    as a server that does not answer; the connection was lost, and the message's fate is
+    unknown."""
+    server = nats_server_factory()
+    await natspy.connect(server.url)
+    await natspy.call(natspy.nc.jetstream().add_stream, name="S", subjects=["s.>"])
+    args = ("pub", "s.x", "--data", "x", "--count", "100000", "--rate", "100", "--timeout", "1")
+    async with headrace(*args, "--nats", server.url) as proc:
+        await proc.wait_line(lambda line: line == "S seq 5", stream="out")
+        await trio.to_thread.run_sync(server.stop)
+        assert await proc.wait_exit() == 1
+    [said] = [line for line in proc.err if "connection" in line]
+    assert said.startswith(
+        "headrace pub: the connection to NATS was lost while publishing message "
+    ), said
+    assert "it may or may not be stored. Give --msg-id" in said, said

@@ -45,7 +45,7 @@ from headrace.cli.session import (
     run_with_jetstream,
     say,
 )
-from headrace.errors import HeadraceError, InvalidSubjectError
+from headrace.errors import ConnectionLostError, HeadraceError, InvalidSubjectError, NatsError
 from headrace.jetstream import JetStream
 from headrace.jetstream.responses import PubAck
 from headrace.protocol import check_subject
@@ -250,11 +250,14 @@ def command(args: argparse.Namespace) -> int:
     async def body(js: JetStream) -> int:
         started = trio.current_time()
         clock = time.perf_counter()
+        nc = js.nc
+        reconnects = nc.stats.reconnects
         try:
             for i, (n, data) in enumerate(expand(messages, args.count)):
                 if args.rate is not None:
                     await trio.sleep_until(started + i / args.rate)
                 msg_id = args.msg_id.replace("{n}", str(n)) if args.msg_id else None
+                reconnects = nc.stats.reconnects
                 ack = await js.publish(
                     args.subject,
                     data,
@@ -267,6 +270,22 @@ def command(args: argparse.Namespace) -> int:
                     dup = f" duplicate (msg id {msg_id!r} already stored)" if ack.duplicate else ""
                     print(f"{ack.stream} seq {ack.seq}{dup}")
         except HeadraceError as exc:
+            if isinstance(exc, NatsError) and (
+                not nc.is_connected or nc.stats.reconnects != reconnects
+            ):
+                # The request's answer was lost with the connection ("no reply within 5s"
+                # said nothing of it: issue 23).
+                lost = ConnectionLostError(
+                    f"the connection to NATS was lost while publishing message "
+                    f"{summary.published + 1} ({one_line(exc)}): it may or may not be stored. "
+                    + (
+                        "Publishing it again with the same --msg-id stores it once"
+                        if args.msg_id
+                        else "Give --msg-id (e.g. 'order-{n}') to make publishing again safe"
+                    )
+                )
+                summary.error = one_line(lost)
+                raise lost from exc
             summary.error = one_line(exc)
             raise
         finally:

@@ -34,10 +34,13 @@ cron jobs; the exit codes are the same (0 only when it caught up and drained cle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import time
-from typing import Any
+import warnings
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 import trio
 
@@ -265,9 +268,27 @@ def command(args: argparse.Namespace) -> int:
     mode = "json" if args.json_logs else args.progress
     reporter = make_reporter(mode, jsonlogs.stderr())
     interval = args.interval or (1.0 if isinstance(reporter, LiveView) else 5.0)
+    with contextlib.ExitStack() as stack:
+        if logs is None:
+            # (With --json-logs, jsonlogs makes them ``warning`` events already.)
+            stack.enter_context(warnings_as_events(reporter, pipe.name))
+        return _run(args, pipe, reporter, kwargs, interval, window)
+
+
+def _run(
+    args: argparse.Namespace,
+    pipe: Pipeline,
+    reporter: Reporter,
+    kwargs: dict[str, Any],
+    interval: float,
+    window: Any,
+) -> int:
     if args.workers is not None:
+        from headrace.cli import workers
+
         try:
-            return workers.supervise(args, pipe, reporter, interval=interval)
+            supervised: int = workers.supervise(args, pipe, reporter, interval=interval)
+            return supervised
         finally:
             reporter.close()
     runner = Runner(
@@ -292,6 +313,36 @@ def command(args: argparse.Namespace) -> int:
         restore_gc(gc_settings)
         reporter.close()
     return code
+
+
+@contextlib.contextmanager
+def warnings_as_events(reporter: Reporter, pipeline: str) -> Iterator[None]:
+    """Show Python warnings as ``warning`` event lines of the run (``category``, ``message``,
+    ``where``) inside the block: a warning the framework gave while the server was away (a
+    commit state's watch ending, a sweep put off) was printed as Python's two raw lines between
+    the progress lines (issue 23)."""
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        reporter.event(
+            "warning",
+            pipeline,
+            category=category.__name__,
+            message=str(message),
+            where=f"{filename}:{lineno}",
+        )
+
+    saved, warnings.showwarning = warnings.showwarning, show
+    try:
+        yield
+    finally:
+        warnings.showwarning = saved
 
 
 class Runner:

@@ -153,9 +153,7 @@ _FLAGS = (("tls_first", "--tls-first"),)
 #: ``ack_pending`` and ``connected`` are summed over the live workers (each holds its own
 #: messages and its own connection); the others come from the freshest figures: those of the
 #: workers whose counter named here went up last (module docs).
-LEVELS = frozenset(
-    {"ack_pending", "connected", "lag", "commit_seconds_last", "commit_last_sink"}
-)
+LEVELS = frozenset({"ack_pending", "connected", "lag", "commit_seconds_last", "commit_last_sink"})
 SUMMED_LEVELS = ("ack_pending", "connected")
 FRESHEST: dict[str, str] = {
     "lag": "messages_in",

@@ -401,9 +401,7 @@ class AckTracker(Actor[_Poison | _Wake]):
                 next_scan = min(next_scan, trio.current_time() + self._scan_interval())
                 continue
             now = trio.current_time()
-            self._margin = min(
-                self._scan_interval(), max(self._margin / 2, 2 * (now - next_scan))
-            )
+            self._margin = min(self._scan_interval(), max(self._margin / 2, 2 * (now - next_scan)))
             self._send_in_progress()
             next_scan = trio.current_time() + self._scan_interval()
 
