@@ -64,6 +64,23 @@ def _traceback(kind: Any, value: BaseException | None, tb: TracebackType | None)
     return "".join(traceback.format_exception(kind, value, tb)).rstrip("\n")
 
 
+def warning_events(emit: Callable[..., None]) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that gives each warning to ``emit`` as the fields of a
+    ``warning`` event: ``category``, ``message``, ``where``."""
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        emit(category=category.__name__, message=str(message), where=f"{filename}:{lineno}")
+
+    return show
+
+
 class _Formatter(logging.Formatter):
     """A log record as a ``log`` event."""
 
@@ -213,22 +230,6 @@ class JsonLogs:
         fields["traceback"] = _traceback(unraisable.exc_type, value, unraisable.exc_traceback)
         self.event("error", **fields)
 
-    def _showwarning(
-        self,
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
-        self.event(
-            "warning",
-            category=category.__name__,
-            message=str(message),
-            where=f"{filename}:{lineno}",
-        )
-
     def adopt_logging(self) -> None:
         """Make the ``logging`` handlers that write to standard error write JSON (again after
         code that may have added some ran: a TARGET's ``logging.basicConfig``)."""
@@ -255,7 +256,7 @@ class JsonLogs:
         sys.excepthook = self._excepthook
         threading.excepthook = self._thread_excepthook
         sys.unraisablehook = self._unraisablehook
-        warnings.showwarning = self._showwarning
+        warnings.showwarning = warning_events(lambda **fields: self.event("warning", **fields))
         resort = logging.StreamHandler(self.out)
         resort.setLevel(logging.WARNING)
         resort.setFormatter(self._formatter)

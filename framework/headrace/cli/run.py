@@ -40,7 +40,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any
 
 import trio
 
@@ -321,23 +321,7 @@ def warnings_as_events(reporter: Reporter, pipeline: str) -> Iterator[None]:
     ``where``) inside the block: a warning the framework gave while the server was away (a
     commit state's watch ending, a sweep put off) was printed as Python's two raw lines between
     the progress lines (issue 23)."""
-
-    def show(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
-        reporter.event(
-            "warning",
-            pipeline,
-            category=category.__name__,
-            message=str(message),
-            where=f"{filename}:{lineno}",
-        )
-
+    show = jsonlogs.warning_events(lambda **fields: reporter.event("warning", pipeline, **fields))
     saved, warnings.showwarning = warnings.showwarning, show
     try:
         yield
