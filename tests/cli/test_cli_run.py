@@ -551,3 +551,44 @@ async def test_sink_failures_are_error_events(nats_server, natspy, tmp_path: Pat
         proc.signal(signal.SIGINT)
         assert await proc.wait_exit() == 0
     assert [e for e in proc.events() if e["event"] == "error"] == [error]  # reported once
+
+
+async def test_deliver_new_starts_a_new_durable_at_new_messages(
+    nats_server, natspy, tmp_path: Path
+) -> None:
+    """Issue 23: after `headrace consumer rm`, a durable made again read the whole stream,
+    with no way to start it at what comes next. `--deliver new` starts a durable the run
+    creates there; one that exists goes on from where it is, and says so."""
+    await create_stream(natspy, nats_server.url)
+    await publish(natspy, 30)
+    path = write_pipeline(tmp_path, MEMORY)
+    args = ("run", str(path), "--nats", nats_server.url, "--json-logs", "--until-caught-up")
+    done = await run_headrace(*args, "--deliver", "new")
+    assert done.returncode == 0, done.stderr.decode()
+    [stopped] = [e for e in map(json.loads, done.stderr.decode().splitlines())
+                 if e["event"] == "stopped"]  # fmt: skip
+    assert stopped["stats"]["messages_in"] == 0  # the 30 stored before were not read
+    info = await consumer_info(natspy, "mem")
+    assert info.config.deliver_policy == "new" and info.num_pending == 0
+
+    await publish(natspy, 5)
+    done = await run_headrace(*args, "--deliver", "new")
+    assert done.returncode == 0, done.stderr.decode()
+    events = [json.loads(line) for line in done.stderr.decode().splitlines()]
+    assert [e["stats"]["records_out"] for e in events if e["event"] == "stopped"] == [5]
+    [said] = [e for e in events if "exists and goes on from where it is" in e.get("message", "")]
+    assert "headrace consumer rm ORDERS mem" in said["message"]
+
+
+async def test_deliver_is_refused_beside_a_deliver_policy_of_the_pipeline(
+    nats_server, tmp_path: Path
+) -> None:
+    path = write_pipeline(
+        tmp_path,
+        'pipeline = Pipeline("own")\n'
+        'pipeline.source(JetStreamSource(stream="ORDERS", durable="own", '
+        "config=ConsumerConfig(deliver_policy='all'))).sink(MemorySink())\n",
+    )
+    done = await run_headrace("run", str(path), "--nats", nats_server.url, "--deliver", "new")
+    assert done.returncode == 2
+    assert "sets deliver_policy=all in its ConsumerConfig" in done.stderr.decode()

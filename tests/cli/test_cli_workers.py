@@ -149,6 +149,8 @@ def test_worker_command_line_keeps_every_option() -> None:
             argv += [f"{option}=-a {action.dest}", f"{option}=b={action.dest}"]
         elif action.type in (int, float):
             argv.append(f"{option}=2.5")
+        elif action.choices is not None:
+            argv.append(f"{option}={list(action.choices)[-1]}")
         else:
             argv.append(f"{option}=-x {action.dest}")
     argv += ["--workers", "3", "--progress", "live", "--interval", "7", "--metrics-port", "0"]

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import trio
-from headrace.jetstream import ConsumerConfig
+from headrace.jetstream import ConsumerConfig, DeliverPolicy
 from headrace.pipeline import BatchPolicy, JetStreamSource, Pipeline, PipelineError
 from headrace.sinks import MemorySink
 from pipe_support import (
@@ -157,6 +157,13 @@ def test_pipeline_and_source_arguments() -> None:
         JetStreamSource(stream="S", config=ConsumerConfig(ack_policy="all"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="deliver_subject"):
         JetStreamSource(stream="S", config=ConsumerConfig(deliver_subject="x"))
+    with pytest.raises(ValueError, match="not both"):
+        JetStreamSource(stream="S", start="new", config=ConsumerConfig(deliver_policy="all"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs a sequence or a time"):
+        JetStreamSource(stream="S", start="by_start_sequence")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'soon' is not a valid DeliverPolicy"):
+        JetStreamSource(stream="S", start="soon")  # type: ignore[arg-type]
+    assert JetStreamSource(stream="S", start="new").start is DeliverPolicy.NEW  # type: ignore[arg-type]
 
 
 def test_source_consumer_config() -> None:

@@ -7,6 +7,10 @@
 - ``--durable [SOURCE=]DURABLE`` sets the durable consumer name of a source (``SOURCE`` may be
   left out when the pipeline has one source).
 - ``--drain-timeout SECONDS`` sets the pipeline's ``drain_timeout``.
+- ``--deliver all|new|last|last_per_subject`` sets where the durable consumers the run creates
+  start (their deliver policy). It is a start for new consumers only: a durable that exists
+  goes on from where it is, whatever policy it was made with (the server allows no change
+  of it), and a source whose configuration names a deliver policy of its own is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import attrs
 
 from headrace.errors import HeadraceError
+from headrace.jetstream.consumer_config import DeliverPolicy
 from headrace.pipeline.graph import Pipeline
 from headrace.sinks.registry import load_sink
 
@@ -26,12 +31,17 @@ class OverrideError(HeadraceError):
     """An override that does not fit the pipeline or cannot be read."""
 
 
+#: The ``--deliver`` policies: those that need no start sequence or time.
+DELIVER_CHOICES = ("all", "new", "last", "last_per_subject")
+
+
 @attrs.define(kw_only=True)
 class Overrides:
     sinks: dict[str, str] = attrs.field(factory=dict)
     sink_options: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     durables: dict[str | None, str] = attrs.field(factory=dict)
     drain_timeout: float | None = None
+    deliver: DeliverPolicy | None = None
 
     @classmethod
     def parse(
@@ -41,8 +51,14 @@ class Overrides:
         sink_options: Sequence[str] = (),
         durables: Sequence[str] = (),
         drain_timeout: float | None = None,
+        deliver: str | None = None,
     ) -> Overrides:
-        self = cls(drain_timeout=drain_timeout)
+        if deliver is not None and deliver not in DELIVER_CHOICES:
+            raise OverrideError(f"--deliver {deliver!r}: one of {', '.join(DELIVER_CHOICES)}")
+        self = cls(
+            drain_timeout=drain_timeout,
+            deliver=DeliverPolicy(deliver) if deliver is not None else None,
+        )
         for item in sinks:
             name, sep, plugin = item.partition("=")
             if not sep or not name or not plugin:
@@ -109,6 +125,18 @@ class Overrides:
                 raise OverrideError(f"--durable {durable}: {exc}") from None
         if self.drain_timeout is not None:
             pipe.drain_timeout = self.drain_timeout
+        if self.deliver is not None:
+            for node in sources:
+                spec = node.source
+                assert spec is not None
+                own = spec.config.deliver_policy
+                if own is not None and own is not self.deliver:
+                    raise OverrideError(
+                        f"--deliver {self.deliver}: source {node.name!r} of pipeline "
+                        f"{pipe.name!r} sets deliver_policy={own} in its ConsumerConfig; "
+                        "change it there, or leave --deliver off"
+                    )
+                node.source = attrs.evolve(spec, start=self.deliver)
 
 
 def parse_value(raw: str) -> Any:

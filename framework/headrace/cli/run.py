@@ -59,7 +59,7 @@ from headrace.cli.exits import fail as _fail
 from headrace.cli.failures import FailureEvents
 from headrace.cli.metrics import Snapshot, start_serving
 from headrace.cli.options import add_connection_arguments, connect_kwargs
-from headrace.cli.overrides import OverrideError, Overrides
+from headrace.cli.overrides import DELIVER_CHOICES, OverrideError, Overrides
 from headrace.cli.progress import LiveView, PartitionsHeld, Reporter, Sample, make_reporter
 from headrace.cli.target import TargetError, load_target
 from headrace.commits.errors import OutputConflict
@@ -140,6 +140,15 @@ def add_parser(commands: Any) -> None:
         action="append",
         default=[],
         help="the durable consumer name of a source (SOURCE may be left out with one source)",
+    )
+    over.add_argument(
+        "--deliver",
+        choices=DELIVER_CHOICES,
+        help=(
+            "where the durable consumers this run creates start: all (the stream from its "
+            "first message, the default), new (messages stored from now on), last, or "
+            "last_per_subject; a durable that exists goes on from where it is"
+        ),
     )
     over.add_argument(
         "--drain-timeout",
@@ -241,6 +250,7 @@ def command(args: argparse.Namespace) -> int:
             sink_options=args.sink_option,
             durables=args.durable,
             drain_timeout=args.drain_timeout,
+            deliver=args.deliver,
         )
         with workers.loading_environment(args.workers):
             pipe = prepare(args.target, overrides)

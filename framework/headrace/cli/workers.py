@@ -141,6 +141,7 @@ _VALUES = (
     ("tls_key", "--tls-key"),
     ("connect_timeout", "--connect-timeout"),
     ("drain_timeout", "--drain-timeout"),
+    ("deliver", "--deliver"),
 )
 _LISTS = (
     ("sink", "--sink"),

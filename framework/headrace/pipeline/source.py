@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from headrace.jetstream.consume import ConsumeOptions
-from headrace.jetstream.consumer_config import AckPolicy, ConsumerConfig
+from headrace.jetstream.consumer_config import AckPolicy, ConsumerConfig, DeliverPolicy
 from headrace.jetstream.errors import PriorityGroupError
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.priority import (
@@ -50,6 +50,11 @@ class JetStreamSource:
     ``min_pending`` and ``min_ack_pending`` (``overflow``) or ``priority`` (``prioritized``);
     the consumer's groups and policy go in ``config`` (``priority_groups``,
     ``priority_policy``, ``priority_timeout``) when this source creates it.
+
+    ``start``: where a durable this source creates starts (``DeliverPolicy.NEW``: the
+    messages stored from then on), when one that exists should go on from where it is
+    (``headrace run --deliver``). ``config.deliver_policy`` is different: a durable that
+    exists must have been made with it. The two cannot be given together.
     """
 
     stream: str
@@ -63,9 +68,23 @@ class JetStreamSource:
     min_pending: int | None = None
     min_ack_pending: int | None = None
     priority: int | None = None
+    start: DeliverPolicy | None = attrs.field(
+        default=None, converter=attrs.converters.optional(DeliverPolicy)
+    )
 
     def __attrs_post_init__(self) -> None:
         self._check_priority()
+        if self.start is not None:
+            if self.config.deliver_policy is not None:
+                raise ValueError(
+                    "give start (for a consumer this source creates) or "
+                    "config.deliver_policy (which an existing one must match), not both"
+                )
+            if self.start in (DeliverPolicy.BY_START_SEQUENCE, DeliverPolicy.BY_START_TIME):
+                raise ValueError(
+                    f"start={self.start}: needs a sequence or a time; give it in config "
+                    "(deliver_policy, opt_start_seq or opt_start_time)"
+                )
         if self.config.ack_policy not in (None, AckPolicy.EXPLICIT):
             raise ValueError(
                 "a pipeline source needs ack policy 'explicit' (the default): records are acked "

@@ -252,22 +252,38 @@ class SourceStage(Stage):
         await self.forward_end()
 
     async def _with_room(self, spec: JetStreamSource, config: ConsumerConfig) -> ConsumerConfig:
-        """``config`` with a ``max_ack_pending`` its batches fit in, when this source will
-        create its consumer and the configuration leaves it to the server (whose default,
-        1,000, refused spark.md's batches of 50,000 after the consumer was made, issue 23): as
-        many as the source may hold in flight. A durable that exists is bound as it is (a
-        different value would be refused as a mismatch); its batches are checked before the
-        first pull."""
-        if config.max_ack_pending is not None:
+        """``config`` as a consumer this source creates gets it: with the source's ``start``,
+        and a ``max_ack_pending`` its batches fit in when the configuration leaves that to
+        the server (whose default, 1,000, refused spark.md's batches of 50,000 after the
+        consumer was made, issue 23): as many as the source may hold in flight. A durable
+        that exists is bound as it is (a different value would be refused as a mismatch); its
+        batches are checked before the first pull."""
+        if config.max_ack_pending is not None and spec.start is None:
             return config
         if spec.durable is not None:
             try:
                 await self.run_.js.consumer_info(spec.stream, spec.durable)
+                if spec.start is not None:
+                    log.warning(
+                        "source %s: durable %r exists and goes on from where it is (start=%s "
+                        "is for a consumer the run creates; headrace consumer rm %s %s to "
+                        "start over)",
+                        self.node.name,
+                        spec.durable,
+                        spec.start,
+                        spec.stream,
+                        spec.durable,
+                    )
                 return config
             except ConsumerNotFound:
                 pass
             except Exception:  # a probe: the subscribe says what is wrong, in its own words
                 return config
+        if spec.start is not None:
+            # Only a consumer made now starts there (see JetStreamSource.start).
+            config = attrs.evolve(config, deliver_policy=spec.start)
+        if config.max_ack_pending is not None:
+            return config
         room = max(DEFAULT_MAX_ACK_PENDING, self.run_.max_in_flight(self.node))
         if room != DEFAULT_MAX_ACK_PENDING:
             log.info(
