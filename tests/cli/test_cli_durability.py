@@ -93,9 +93,9 @@ pipeline.source(
 ).sink(
     JsonlSink(OUT, commits="local"),
     name="lake",
-    # The batch closes on size only: the N first deliveries wait in it (kept alive by +WPI)
-    # until the N redeliveries of the stall fill it.
-    batch=BatchPolicy(max_messages=2 * N, max_age=600),
+    # The N first deliveries wait in one batch (kept alive by +WPI) through the stall; the
+    # server's redeliveries come while it is held, or after it was written.
+    batch=BatchPolicy(max_messages=2 * N, max_age=3.0),
 )
 """
 
@@ -105,7 +105,9 @@ async def test_a_stall_past_ack_wait_mid_batch_writes_each_message_once_in_local
     nats_server, natspy, tmp_path: Path
 ) -> None:
     # Issue 23: the redeliveries of a stall joined the batch that held the first deliveries,
-    # and the local-mode jsonl sink wrote a line for each delivery.
+    # and the local-mode jsonl sink wrote a line for each delivery. (A redelivery of a held
+    # message is no longer taken again, test_pipe_held_redelivery.py; the sink writes one
+    # delivery of a message a batch holds twice, test_sink_jsonl.py.)
     n = 300
     await create_stream(natspy, nats_server.url)
     await publish(natspy, n)
@@ -137,4 +139,6 @@ async def test_a_stall_past_ack_wait_mid_batch_writes_each_message_once_in_local
         assert await run.wait_exit() == 0
     lines = read_jsonl(out)
     assert sorted(line["stream_seq"] for line in lines) == list(range(1, n + 1))
-    assert {line["num_delivered"] for line in lines} == {1}
+    # Written from the first delivery or the second (a held message answers for its
+    # redelivery, and its records carry the newest), never from both.
+    assert {line["num_delivered"] for line in lines} <= {1, 2}
