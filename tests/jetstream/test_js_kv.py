@@ -12,6 +12,7 @@ from headrace.errors import MalformedHeaderWarning
 from headrace.jetstream import (
     DiscardPolicy,
     JetStream,
+    JetStreamAPIError,
     JetStreamUnavailable,
     StorageType,
     StreamConfig,
@@ -245,6 +246,9 @@ async def test_create_twice_and_after_delete_or_purge(nats_server):
             await kv.create("k", b"2")
         assert (caught.value.expected, caught.value.current) == (0, 1)
         assert isinstance(caught.value, WrongRevision)
+        # The server's refusal chained, as for update() (issue 24).
+        cause = caught.value.__cause__
+        assert isinstance(cause, JetStreamAPIError) and cause.err_code == 10071, cause
 
         deleted_at = await kv.delete("k")
         assert deleted_at == 2

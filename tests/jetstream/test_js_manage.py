@@ -230,6 +230,10 @@ async def test_list_names_and_lookup(nats_server):
         assert "A, B" in str(several.value)
         with pytest.raises(StreamLookupError, match="A, B, C"):
             await js.find_stream(">")
+        # An invalid subject is refused, not looked up (issue 24: "no stream captures").
+        for invalid in ("FOO.>.123", "a..b", "", "a b"):
+            with pytest.raises(InvalidSubjectError):
+                await js.find_stream(invalid)
 
 
 async def test_listing_pages_through_everything(nats_server):
@@ -661,6 +665,9 @@ async def test_context_arguments(core_server):
             JetStream(nc, domain="has space")
         with pytest.raises(InvalidSubjectError):
             JetStream(nc, domain="")
+        # As domain="" is: it was the default prefix, silently (issue 24).
+        with pytest.raises(InvalidSubjectError, match="JetStream API prefix must not be empty"):
+            JetStream(nc, api_prefix="")
         with pytest.raises(InvalidSubjectError):
             JetStream(nc, api_prefix="$JS.*.API")
         assert JetStream(nc).prefix == "$JS.API"

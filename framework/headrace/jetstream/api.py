@@ -91,7 +91,8 @@ class JetStreamAPI:
             check_subject(domain, what="JetStream domain")
             prefix = f"$JS.{domain}.API"
         else:
-            prefix = (api_prefix or DEFAULT_API_PREFIX).rstrip(".")
+            # "" is refused as domain="" is (it was the default prefix, silently: issue 24).
+            prefix = (DEFAULT_API_PREFIX if api_prefix is None else api_prefix).rstrip(".")
             check_subject(prefix, what="JetStream API prefix")
         self.nc = nc
         self.domain = domain
@@ -193,7 +194,10 @@ class JetStreamAPI:
         return [str(n) async for n in self._paged("STREAM.NAMES", "streams", body)]
 
     async def find_stream(self, subject: str) -> str:
-        """The one stream capturing ``subject`` (ADR-15 stream lookup)."""
+        """The one stream capturing ``subject`` (ADR-15 stream lookup). An invalid subject is
+        :class:`~headrace.errors.InvalidSubjectError` before anything is sent (``FOO.>.123``
+        was looked up and said to be captured by no stream, issue 24); wildcards are fine."""
+        check_subject(subject, wildcards=True)
         names = await self.stream_names(subject=subject)
         if not names:
             raise StreamLookupError(

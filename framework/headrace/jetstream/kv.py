@@ -571,6 +571,11 @@ async def delete_key_value(js: JetStream, bucket: str) -> None:
 # -- the bucket -----------------------------------------------------------------------------------
 
 
+def _server_error(refused: WrongRevision | None) -> BaseException | None:
+    """The server's error behind a refused conditional write (its ``__cause__``)."""
+    return None if refused is None else refused.__cause__
+
+
 class KeyValue:
     """A handle on one bucket; made by :func:`create_key_value` or :func:`key_value`.
 
@@ -804,12 +809,15 @@ class KeyValue:
             except KeyNotFound:
                 last = None  # no message any more: the stream was purged meanwhile
             if last is not None and last.operation is Operation.PUT:
-                raise KeyExists(self.bucket, key, last.revision) from None
+                # The server's refusal chained, as update() does (issue 24: it was not).
+                raise KeyExists(self.bucket, key, last.revision) from _server_error(refused)
             marker = last.revision if last is not None else 0
             if marker == expected:
                 break  # the state we were just refused on: a write in flight, or a stale read
             expected = marker
-        raise KeyExists(self.bucket, key, refused.current if refused else None) from None
+        raise KeyExists(
+            self.bucket, key, refused.current if refused else None
+        ) from _server_error(refused)
 
     async def delete(self, key: str, last_revision: int | None = None) -> int:
         """Mark ``key`` deleted, keeping its history (a ``KV-Operation: DEL`` entry); the
