@@ -678,6 +678,14 @@ async def test_watch_key_wildcards(nats_server):
             assert await initial(watcher) == []
         async with kv.watch("cfg.a", meta_only=True) as watcher:
             assert await initial(watcher) == [("cfg.a", b"", Operation.PUT)]
+        # As in nats.go (issue 24: the reverse here before): no keys is the whole bucket,
+        # an empty key is refused.
+        async with kv.watch([]) as watcher:
+            assert len(await initial(watcher)) == 5
+        for empty in ("", ["cfg", ""]):
+            with pytest.raises(InvalidKey, match="for the whole bucket"):
+                async with kv.watch(empty):
+                    pass
 
 
 async def test_watch_ends_its_consumer(nats_server):

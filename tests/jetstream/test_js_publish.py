@@ -8,6 +8,7 @@ import datetime as dt
 
 import pytest
 import trio
+from headrace.errors import InvalidSubjectError
 from headrace.jetstream import (
     ConsumerConfig,
     JetStream,
@@ -247,6 +248,12 @@ async def test_direct_get(nats_server):
         assert (nxt.seq, nxt.data) == (3, b"a2")
         from_start = await js.direct_get("S", next_by_subject="s.a")
         assert from_start.seq == 1
+        # A wildcard, as get_msg and the server take it (issue 24: refused before sending).
+        for pattern, seq in (("s.*", 3), ("*.b", 2), (">", 3)):
+            wild = await js.direct_get("S", last_by_subject=pattern)
+            assert wild.seq == seq == (await js.get_msg("S", last_by_subject=pattern)).seq
+        with pytest.raises(InvalidSubjectError):
+            await js.direct_get("S", last_by_subject="s.>.a")
 
         with trio.fail_after(5):
             with pytest.raises(MessageNotFound) as missing:

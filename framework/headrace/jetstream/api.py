@@ -488,8 +488,12 @@ class JetStreamAPI:
     ) -> tuple[str, bytes]:
         check_stream("stream", stream)
         if last_by_subject is not None and seq is None and next_by_subject is None:
-            check_subject(last_by_subject)
-            return self.api_subject(f"DIRECT.GET.{stream}.{last_by_subject}"), b""
+            # A wildcard (the last message of any subject matching it, as get_msg and the
+            # server allow: it was refused here, issue 24) cannot be in the subject-appended
+            # form's subject: it goes in the body instead.
+            check_subject(last_by_subject, wildcards=True, what="last_by_subject")
+            if "*" not in last_by_subject and ">" not in last_by_subject:
+                return self.api_subject(f"DIRECT.GET.{stream}.{last_by_subject}"), b""
         body = _get_body(seq, last_by_subject, next_by_subject)
         subject = self.api_subject(f"DIRECT.GET.{stream}")
         return subject, _COMPACT.encode(body).encode()

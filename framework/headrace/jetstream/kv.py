@@ -881,7 +881,8 @@ class KeyValue:
         resume_from_revision: int | None = None,
     ) -> AsyncIterator[KeyWatcher]:
         """Watch the keys matching ``keys`` (a key, a pattern with ``*`` / ``>``, or several;
-        ``">"`` or ``""`` is the whole bucket) for the block's duration.
+        ``">"`` or ``[]`` is the whole bucket, as in nats.go; ``""`` is refused) for the
+        block's duration.
 
         The watcher first delivers the initial data: the last entry of each matching key
         (every entry the bucket keeps with ``include_history``; nothing with
@@ -908,10 +909,15 @@ class KeyValue:
                 )
             if isinstance(resume_from_revision, bool) or resume_from_revision < 1:
                 raise ValueError(f"revisions start at 1, not {resume_from_revision!r}")
+        # nats.go's meanings (issue 24: here they were the other way round, so code ported
+        # from it watched the opposite of what it meant): no keys is the whole bucket, and
+        # an empty key is an error.
         patterns = [keys] if isinstance(keys, str) else list(keys)
-        if not patterns:
-            raise InvalidKey("give at least one key or pattern to watch")
-        subjects = [self.prefix + check_key_pattern(p or ">") for p in patterns]
+        if "" in patterns:
+            raise InvalidKey(
+                "an empty key cannot be watched: give '>' (or no keys, []) for the whole bucket"
+            )
+        subjects = [self.prefix + check_key_pattern(p) for p in patterns or [">"]]
         if resume_from_revision is not None:
             policy = DeliverPolicy.BY_START_SEQUENCE
         elif include_history:
