@@ -166,7 +166,7 @@ async def test_purge(nats_server):
         assert await js.purge_stream("P", subject="p.a") == 3
         state = (await js.stream_info("P", subjects_filter=">")).state
         assert state.messages == 7
-        assert state.extra["subjects"] == {"p.b": 2, "p.c": 5}
+        assert state.subjects == {"p.b": 2, "p.c": 5}
 
         # seq: remove everything below sequence 6 (p.b at 2 and 4).
         assert await js.purge_stream("P", seq=6) == 2
@@ -701,3 +701,41 @@ async def test_account_without_jetstream(nats_server_factory):
         assert (off.value.code, off.value.err_code) == (503, 10039)
     async with connect(server.url, user="a", password="a") as nc:
         assert (await JetStream(nc).account_info()).streams == 0
+
+
+@pytest.mark.slow
+async def test_stream_info_pages_through_every_subject(nats_server):
+    """Issue 24: one STREAM.INFO answer holds 100,000 subjects; with 110,000 the rest was
+    dropped without a sign. Every page is read."""
+    from headrace.jetstream.bulk_publish import publish_acked
+
+    n = 110_000
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="MANY", subjects=["m.>"], storage=MEM))
+        loaded = await publish_acked(nc, ((f"m.{i}", b"", None) for i in range(n)))
+        assert loaded.refused == 0
+        with trio.fail_after(60):
+            info = await js.stream_info("MANY", subjects_filter="m.>")
+        assert info.state.subjects is not None and len(info.state.subjects) == n
+        assert set(info.state.subjects.values()) == {1}
+        assert info.state.num_subjects == n
+        # A narrower filter pages too, and is exact.
+        narrow = await js.stream_info("MANY", subjects_filter="m.10*")
+        assert narrow.state.subjects == {}  # (no such subject: m.10* is one token)
+        assert (await js.stream_info("MANY")).state.subjects is None
+
+
+async def test_stream_info_deleted_details(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="D", subjects=["d.>"], storage=MEM))
+        for i in range(6):
+            await js.publish(f"d.{i}", b"x")
+        for seq in (2, 4):
+            await js.delete_msg("D", seq)
+        state = (await js.stream_info("D", deleted_details=True)).state
+        assert state.deleted == [2, 4] and state.num_deleted == 2
+        assert (await js.stream_info("D")).state.deleted is None
+        with pytest.raises(InvalidSubjectError):
+            await js.stream_info("D", subjects_filter="d.>.x")

@@ -145,10 +145,35 @@ class JetStreamAPI:
         answer = await self.api_request(f"STREAM.UPDATE.{config.name}", to_json(config))
         return from_json(StreamInfo, answer)
 
-    async def stream_info(self, name: str, *, subjects_filter: str | None = None) -> StreamInfo:
+    async def stream_info(
+        self, name: str, *, subjects_filter: str | None = None, deleted_details: bool = False
+    ) -> StreamInfo:
+        """A stream's configuration and state. ``subjects_filter`` (a subject, wildcards
+        allowed) fills ``state.subjects`` with the messages of each matching subject: every
+        one of them, page after page (a response holds up to 100,000 subjects; past that the
+        rest was dropped without a sign, issue 24). ``deleted_details`` fills
+        ``state.deleted`` with the deleted sequences."""
         check_stream("name", name)
-        body = {"subjects_filter": subjects_filter} if subjects_filter else None
-        return from_json(StreamInfo, await self.api_request(f"STREAM.INFO.{name}", body))
+        body: dict[str, Any] = {}
+        if subjects_filter:
+            check_subject(subjects_filter, wildcards=True, what="subjects_filter")
+            body["subjects_filter"] = subjects_filter
+        if deleted_details:
+            body["deleted_details"] = True
+        suffix = f"STREAM.INFO.{name}"
+        answer = await self.api_request(suffix, body or None)
+        if subjects_filter:
+            subjects: dict[str, int] = dict(answer.get("state", {}).get("subjects") or {})
+            total = int(answer.get("total") or len(subjects))
+            while len(subjects) < total:
+                page = await self.api_request(suffix, {**body, "offset": len(subjects)})
+                more = (page.get("state") or {}).get("subjects") or {}
+                if not more:
+                    break  # (the stream lost subjects meanwhile)
+                subjects.update(more)
+                total = int(page.get("total") or total)
+            answer.setdefault("state", {})["subjects"] = subjects
+        return from_json(StreamInfo, answer)
 
     async def delete_stream(self, name: str) -> None:
         check_stream("name", name)

@@ -204,6 +204,12 @@ class StreamState:
     consumer_count: int = jfield(default=0)
     num_deleted: int | None = jfield()
     num_subjects: int | None = jfield()
+    #: Messages per subject, when asked for (``stream_info(subjects_filter=...)``): every
+    #: subject matching the filter, all pages of them.
+    subjects: dict[str, int] | None = jfield()
+    #: The sequences deleted between the first and the last, when asked for
+    #: (``stream_info(deleted_details=True)``).
+    deleted: list[int] | None = jfield()
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
 
