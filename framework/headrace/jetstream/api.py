@@ -19,6 +19,7 @@ import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from headrace.errors import NoRespondersError, RequestTimeout
@@ -49,7 +50,7 @@ from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.stored_message import StoredMessage, from_direct_reply
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
 from headrace.nats.connection import Connection
-from headrace.nats.inbox import PendingRequest
+from headrace.nats.inbox import PendingRequest, unique_token
 from headrace.protocol.commands import check_subject
 from headrace.protocol.events import Msg
 from headrace.protocol.headers import Headers, read_header_block
@@ -107,13 +108,22 @@ class JetStreamAPI:
         return f"{self.prefix}.{suffix}"
 
     async def api_request(
-        self, suffix: str, body: Mapping[str, Any] | None = None, *, timeout: float | None = None
+        self,
+        suffix: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        wildcards: bool = False,
     ) -> dict[str, Any]:
-        """One API call: the decoded answer, or the typed error it carried."""
+        """One API call: the decoded answer, or the typed error it carried. ``wildcards``: the
+        subject carries a filter that may have ``*`` or ``>`` tokens."""
         data = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
         try:
             msg = await self.nc.request(
-                self.api_subject(suffix), data, timeout=self.timeout if timeout is None else timeout
+                self.api_subject(suffix),
+                data,
+                timeout=self.timeout if timeout is None else timeout,
+                wildcards=wildcards,
             )
         except NoRespondersError as exc:
             raise JetStreamUnavailable(
@@ -240,13 +250,24 @@ class JetStreamAPI:
     async def _upsert_consumer(
         self, stream: str, config: ConsumerConfig, action: str
     ) -> ConsumerInfo:
+        """Create or update through the subject nats.go sends and accounts scope permissions
+        by (issue 24: ephemerals went to the legacy ``CONSUMER.CREATE.<stream>``, and no
+        create named its filter): ``CONSUMER.CREATE.<stream>.<name>``, with ``.<filter>``
+        appended for a consumer of one filter subject. An ephemeral gets a generated name
+        (it stays ephemeral: no ``durable_name``)."""
         check_stream("stream", stream)
         name = agreed_name({"config.name": config.name, "config.durable_name": config.durable_name})
-        suffix = f"CONSUMER.CREATE.{stream}" + (f".{name}" if name else "")
+        if not name:
+            name = unique_token()
+            config = attrs.evolve(config, name=name)
+        suffix = f"CONSUMER.CREATE.{stream}.{name}"
+        if config.filter_subject and not config.filter_subjects:
+            check_subject(config.filter_subject, wildcards=True, what="filter_subject")
+            suffix += f".{config.filter_subject}"
         body: dict[str, Any] = {"stream_name": stream, "config": to_json(config)}
         if action:
             body["action"] = action
-        return from_json(ConsumerInfo, await self.api_request(suffix, body))
+        return from_json(ConsumerInfo, await self.api_request(suffix, body, wildcards=True))
 
     async def create_consumer(self, stream: str, config: ConsumerConfig) -> ConsumerInfo:
         """Create; :class:`ConsumerAlreadyExists` if it exists with another configuration."""

@@ -252,22 +252,27 @@ class Connection:
         *,
         reply: str | None = None,
         headers: Headers | Mapping[str, str | list[str]] | None = None,
+        wildcards: bool = False,
     ) -> None:
         """Queue a message for ``subject``.
 
         Returns once queued, not once sent: use :meth:`flush` to know the server has it. While
         disconnected, messages are kept (``reconnect_buffer_size``) and sent after the
-        reconnect; :class:`~headrace.errors.OutboundBufferFull` when that is full.
+        reconnect; :class:`~headrace.errors.OutboundBufferFull` when that is full. A subject
+        with ``*`` or ``>`` tokens is refused unless ``wildcards`` (for an API subject that
+        carries a filter, such as JetStream's consumer create: the server takes it).
         """
         self._check_open()
         max_payload = self.max_payload
         if headers is None:
-            cmd = encode_pub(subject, data, reply, max_payload=max_payload)
+            cmd = encode_pub(subject, data, reply, max_payload=max_payload, wildcards=wildcards)
             size = len(data)
         else:
             hdrs = headers if isinstance(headers, Headers) else Headers(headers)
             block = encode_header_block(hdrs)
-            cmd = encode_hpub(subject, block, data, reply, max_payload=max_payload)
+            cmd = encode_hpub(
+                subject, block, data, reply, max_payload=max_payload, wildcards=wildcards
+            )
             size = len(block) + len(data)
         await self._out.put(cmd)
         self.stats.out_msgs += 1
@@ -461,18 +466,20 @@ class Connection:
         *,
         headers: Headers | Mapping[str, str | list[str]] | None = None,
         timeout: float | None = None,
+        wildcards: bool = False,
     ) -> Msg:
         """Publish a request and wait for the first reply.
 
         :class:`~headrace.errors.NoRespondersError` when nobody listens on ``subject``,
         :class:`~headrace.errors.RequestTimeout` after ``timeout`` (default ``request_timeout``).
+        ``wildcards`` as for :meth:`publish`.
         """
         mux = self._request_mux()
         reply, slot = mux.register(subject)
         limit = self._opts.request_timeout if timeout is None else timeout
         try:
             with trio.move_on_after(limit):
-                await self.publish(subject, data, reply=reply, headers=headers)
+                await self.publish(subject, data, reply=reply, headers=headers, wildcards=wildcards)
                 await slot.event.wait()
                 return answer(slot, subject)
             raise RequestTimeout(f"no reply to the request on {subject!r} within {limit}s")

@@ -87,10 +87,12 @@ def encode_pub(
     *,
     max_payload: int | None = None,
     check: bool = True,
+    wildcards: bool = False,
 ) -> bytes:
-    """``PUB <subject> [reply] <size>``, then the payload."""
+    """``PUB <subject> [reply] <size>``, then the payload. ``wildcards``: ``*`` and ``>``
+    tokens are let through (an API subject that carries a filter); otherwise refused."""
     if check:
-        check_subject(subject)
+        check_subject(subject, wildcards=wildcards)
         if reply is not None:
             check_subject(reply, what="reply subject")
         _check_size(len(payload), max_payload, subject)
@@ -107,15 +109,17 @@ def encode_hpub(
     *,
     max_payload: int | None = None,
     check: bool = True,
+    wildcards: bool = False,
 ) -> bytes:
     """``HPUB <subject> [reply] <header size> <total size>``, then headers and payload.
 
-    ``headers`` is a :class:`Headers` or an already encoded header block.
+    ``headers`` is a :class:`Headers` or an already encoded header block; ``wildcards`` as
+    for :func:`encode_pub`.
     """
     block = headers if isinstance(headers, bytes) else encode_header_block(headers)
     total = len(block) + len(payload)
     if check:
-        check_subject(subject)
+        check_subject(subject, wildcards=wildcards)
         if reply is not None:
             check_subject(reply, what="reply subject")
         _check_size(total, max_payload, subject)
