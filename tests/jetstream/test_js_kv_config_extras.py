@@ -5,12 +5,14 @@ the independent peer that receives the republished entries and lists the streams
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 import trio
 from headrace.jetstream import (
     Base64KeyCodec,
+    BucketNotFound,
     CodecKeyValue,
     InvalidBucketName,
     InvalidConfigValue,
@@ -38,21 +40,23 @@ TIMEOUT = 10
 
 def test_sources_become_transformed_stream_sources() -> None:
     """A source bucket's keys are moved to this bucket's subjects unless the source says
-    otherwise (its own transforms, or a filter)."""
+    otherwise (its own transforms, or a filter): such a source names a stream, used as given
+    (issue 24: it was renamed KV_<name>)."""
     config = KeyValueConfig(
         bucket="ALL",
         sources=[
             StreamSource(name="A"),
             StreamSource(
-                name="B",
+                name="KV_B",
                 subject_transforms=[SubjectTransformConfig(src="$KV.B.x", dest="$KV.ALL.y")],
             ),
-            StreamSource(name="C", filter_subject="$KV.C.>"),
+            StreamSource(name="ORDERS", filter_subject="orders.>"),
+            StreamSource(name="KV_D"),  # bucket D, named by its stream
         ],
     )
     sources = config.stream_config().sources
     assert sources is not None
-    assert [s.name for s in sources] == ["KV_A", "KV_B", "KV_C"]
+    assert [s.name for s in sources] == ["KV_A", "KV_B", "ORDERS", "KV_D"]
     assert sources[0].subject_transforms == [
         SubjectTransformConfig(src="$KV.A.>", dest="$KV.ALL.>")
     ]
@@ -60,6 +64,9 @@ def test_sources_become_transformed_stream_sources() -> None:
         SubjectTransformConfig(src="$KV.B.x", dest="$KV.ALL.y")
     ]
     assert sources[2].subject_transforms is None
+    assert sources[3].subject_transforms == [
+        SubjectTransformConfig(src="$KV.D.>", dest="$KV.ALL.>")
+    ]
     with pytest.raises(InvalidBucketName):
         KeyValueConfig(bucket="ALL", sources=[StreamSource(name="KV.A")])
 
@@ -260,3 +267,50 @@ async def test_mirror_bucket(nats_server):
             KeyValueConfig(
                 bucket="X", mirror=StreamSource(name="A"), sources=[StreamSource(name="B")]
             )
+
+
+async def test_a_source_with_transforms_names_a_stream_used_as_given(nats_server):
+    """Issue 24: a plain stream sourced with its own transforms was renamed KV_<name>, and
+    nothing arrived, without a word."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="ORDERS", subjects=["orders.>"]))
+        await js.publish("orders.eu.1", b"10")
+        source = StreamSource(
+            name="ORDERS",
+            subject_transforms=[SubjectTransformConfig(src="orders.>", dest="$KV.LATEST.>")],
+        )
+        latest = await create_key_value(js, KeyValueConfig(bucket="LATEST", sources=[source]))
+        info = await js.stream_info("KV_LATEST")
+        assert info.config.sources is not None and info.config.sources[0].name == "ORDERS"
+        with trio.fail_after(TIMEOUT):
+            async with latest.watch() as watcher:
+                async for entry in watcher:
+                    assert (entry.key, entry.value) == ("eu.1", b"10")
+                    break
+
+
+async def test_bucket_sources_name_buckets_or_their_streams_and_must_exist(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        a = await create_key_value(js, KeyValueConfig(bucket="A"))
+        await a.put("k", b"v")
+        # "KV_A" is bucket A, as in nats.go.
+        copy = await create_key_value(
+            js, KeyValueConfig(bucket="COPY", sources=[StreamSource(name="KV_A")])
+        )
+        with trio.fail_after(TIMEOUT):
+            async with copy.watch() as watcher:
+                async for entry in watcher:
+                    assert (entry.key, entry.value) == ("k", b"v")
+                    break
+        for missing, said in (
+            (StreamSource(name="NOPE"), "bucket 'NOPE' (stream 'KV_NOPE'), which does not exist"),
+            (
+                StreamSource(name="NOSTREAM", filter_subject="x.>"),
+                "stream 'NOSTREAM', which does not exist",
+            ),
+        ):
+            with pytest.raises(BucketNotFound, match=re.escape(said)):
+                await create_key_value(js, KeyValueConfig(bucket="C", sources=[missing]))
+        assert "KV_C" not in await js.stream_names()

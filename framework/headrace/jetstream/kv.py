@@ -64,6 +64,7 @@ from headrace.jetstream.errors import (
 )
 from headrace.jetstream.message import JsMsg
 from headrace.jetstream.msg_ttl import MIN_TTL, MessageTTL
+from headrace.jetstream.names import check_stream
 from headrace.jetstream.push import PushSubscription
 from headrace.jetstream.stored_message import StoredMessage
 from headrace.jetstream.stream_config import (
@@ -341,9 +342,12 @@ class KeyValueConfig:
     #: Where the bucket's replicas go, and what the server republishes after each write.
     placement: Placement | None = None
     republish: RePublish | None = None
-    #: Buckets whose entries flow into this one. Each ``name`` is a bucket name; a source
-    #: without ``subject_transforms`` or ``filter_subject`` gets the transform that stores the
-    #: other bucket's keys under this one's subjects (ADR-8 "sources").
+    #: What flows into this bucket. A source without ``subject_transforms`` or
+    #: ``filter_subject`` names a bucket (``"A"``, or its stream ``"KV_A"``): its stream is
+    #: sourced with the transform that stores that bucket's keys under this one's subjects
+    #: (ADR-8 "sources"). A source with either names a stream and is used as given (its
+    #: transforms must map to ``$KV.<this bucket>.``). ``create_key_value`` refuses a
+    #: source (of this account and domain) that names no stream.
     sources: list[StreamSource] | None = attrs.field(default=None, hash=False)
     #: The bucket this one mirrors (``name``: a bucket name): a read-only copy with the
     #: origin's keys, read here, written through to the origin (see docs/kv.md).
@@ -352,7 +356,10 @@ class KeyValueConfig:
     @sources.validator
     def _check_sources(self, _attr: attrs.Attribute[Any], value: list[StreamSource] | None) -> None:
         for source in value or ():
-            check_bucket_name(source.name)
+            if _as_given(source):
+                check_stream("sources", source.name)
+            else:
+                check_bucket_name(source.name.removeprefix(STREAM_PREFIX))
 
     @mirror.validator
     def _check_mirror(self, _attr: attrs.Attribute[Any], value: StreamSource | None) -> None:
@@ -415,16 +422,18 @@ class KeyValueConfig:
         )
 
     def _stream_source(self, source: StreamSource) -> StreamSource:
-        """The stream source of bucket ``source.name``: its stream, its keys moved to ours."""
-        transforms = source.subject_transforms
-        if transforms is None and source.filter_subject is None:
-            transforms = [
-                SubjectTransformConfig(
-                    src=f"{SUBJECT_PREFIX}.{source.name}.>",
-                    dest=f"{SUBJECT_PREFIX}.{self.bucket}.>",
-                )
-            ]
-        return attrs.evolve(source, name=STREAM_PREFIX + source.name, subject_transforms=transforms)
+        """A stream source as given (it has transforms or a filter: issue 24, a plain
+        stream's name was rewritten to ``KV_<name>`` and nothing arrived), else that of
+        bucket ``source.name``: its stream, its keys moved to ours."""
+        if _as_given(source):
+            return source
+        bucket = source.name.removeprefix(STREAM_PREFIX)
+        transforms = [
+            SubjectTransformConfig(
+                src=f"{SUBJECT_PREFIX}.{bucket}.>", dest=f"{SUBJECT_PREFIX}.{self.bucket}.>"
+            )
+        ]
+        return attrs.evolve(source, name=STREAM_PREFIX + bucket, subject_transforms=transforms)
 
 
 @attrs.frozen(kw_only=True)
@@ -471,6 +480,7 @@ async def create_key_value(js: JetStream, config: KeyValueConfig) -> KeyValue:
     """
     await check_limit_markers(js, config)
     stream = config.stream_config()
+    await _check_sources_exist(js, config, stream)
     try:
         info = await js.add_stream(stream)
     except StreamAlreadyExists as exc:
@@ -485,6 +495,35 @@ async def create_key_value(js: JetStream, config: KeyValueConfig) -> KeyValue:
         origin=_origin(info),
         origin_api=_origin_api(info),
     )
+
+
+def _as_given(source: StreamSource) -> bool:
+    """A source with its own transforms or filter: a stream, used as given."""
+    return source.subject_transforms is not None or source.filter_subject is not None
+
+
+async def _check_sources_exist(js: JetStream, config: KeyValueConfig, stream: StreamConfig) -> None:
+    """:class:`BucketNotFound` for a source of this account and domain that names no stream:
+    the server would accept it and source nothing, without a word (issue 24). Sources in
+    another domain or account (``external``) cannot be looked at from here."""
+    for given, source in zip(config.sources or (), stream.sources or (), strict=True):
+        if source.external is not None:
+            continue
+        try:
+            await js.stream_info(source.name)
+        except StreamNotFound as exc:
+            what = (
+                f"stream {source.name!r}"
+                if _as_given(given)
+                else (
+                    f"bucket {source.name.removeprefix(STREAM_PREFIX)!r} (stream {source.name!r})"
+                )
+            )
+            raise BucketNotFound(
+                f"bucket {config.bucket!r}: its source names {what}, which does not exist; "
+                "create it first (a source with subject_transforms or filter_subject names a "
+                "stream, one without names a bucket)"
+            ) from exc
 
 
 def _origin(info: StreamInfo) -> str | None:
@@ -815,9 +854,9 @@ class KeyValue:
             if marker == expected:
                 break  # the state we were just refused on: a write in flight, or a stale read
             expected = marker
-        raise KeyExists(
-            self.bucket, key, refused.current if refused else None
-        ) from _server_error(refused)
+        raise KeyExists(self.bucket, key, refused.current if refused else None) from _server_error(
+            refused
+        )
 
     async def delete(self, key: str, last_revision: int | None = None) -> int:
         """Mark ``key`` deleted, keeping its history (a ``KV-Operation: DEL`` entry); the
