@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import trio
-from headrace.errors import DrainTimeout, SubscriptionClosedError
+from headrace.errors import ConnectionClosedError, DrainTimeout, SubscriptionClosedError
 from headrace.jetstream import (
     AckPolicy,
     ConsumerConfig,
@@ -78,7 +78,8 @@ async def test_review2_push_iteration_ends_when_connection_closes(nats_server):
                     try:
                         await sub.next_msg()
                         outcome = "message"
-                    except SubscriptionClosedError:
+                    except ConnectionClosedError:
+                        # (Issue 24: the error every reader gets when the connection closes.)
                         outcome = "ended"
         except BaseExceptionGroup:
             pass  # finding 3, shown on its own below

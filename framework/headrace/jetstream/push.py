@@ -170,17 +170,21 @@ class PushSubscription:
         nursery.start_soon(self._end_with_connection)
 
     async def _end_with_connection(self) -> None:
-        """When the connection closes for good, nothing more will arrive: iteration ends after
-        what is buffered, with the connection's error if it did not close as asked. Meanwhile
-        refused acks are watched for (this task lives as long as the subscription)."""
+        """When the connection closes for good, nothing more will arrive: iteration and
+        ``next_msg`` raise :class:`~headrace.errors.ConnectionClosedError` after what is
+        buffered (its cause the connection's last error, if it did not close as asked), as a
+        pull consume does. Iteration used to just end when the application closed the
+        connection, and ``next_msg`` to raise a bare ``SubscriptionClosedError`` (issue 24):
+        an end that looked like a drain. A subscription drained or unsubscribed first ends
+        as before. Meanwhile refused acks are watched for (this task lives as long as the
+        subscription)."""
         stop_watching = self._nc.on_publish_denied(ACK_PREFIX, self._on_publish_denied)
         try:
             with self._nc.events() as events:
                 await forward_until_closed(events)
         finally:
             stop_watching()
-        error = self._nc.last_error
-        self._queue.close(None if error is None else self._nc._closed_error())
+        self._queue.close(self._nc._closed_error())
 
     def _on_publish_denied(self, violation: PermissionViolation) -> None:
         """The server refused a ``$JS.ACK`` publish: if it is this consumer's, end now, dropping
