@@ -667,3 +667,44 @@ async def test_standby_worker_takes_over_from_a_killed_pinned_worker(nats_server
             # The standby waited for the pin to lapse (a margin below for timer granularity).
             print("TOOK", took)
             assert took >= PIN_TIMEOUT * 0.5, took
+
+
+async def test_a_pin_of_one_second_or_less_is_consumable(nats_server, natspy):
+    """Issue 24: ``expires`` had to be at least 1 s and below the pin's timeout, so a
+    pinned_client consumer whose pin lasts 1 s or less could not be consumed at all. Such a
+    consume pulls with a shorter ``expires`` (and heartbeat) and keeps its pin while idle for
+    longer than the pin lasts."""
+    await natspy.connect(nats_server.url)
+    async with connect(nats_server.url, **FAST) as nc:
+        js = JetStream(nc)
+        await add_stream(js)
+        await js.create_consumer("S", grouped(PriorityPolicy.PINNED_CLIENT, priority_timeout=0.8))
+        consumer = await js.pull_consumer("S", "C")
+        with pytest.raises(PriorityGroupError, match="must be shorter than the priority_timeout"):
+            async with consumer.consume(group=GROUP, expires=1):
+                pass
+        async with consumer.consume(group=GROUP, expires=0.4, max_messages=20) as msgs:
+            log = EventLog(msgs.events())
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(log.run)
+                await natspy_publish(natspy, 5)
+                with trio.fail_after(10):
+                    first = [seq_of(m) for m in await msgs.next_batch()]
+                gained = await log.wait_for(PinGained)
+                # Idle for three pin lifetimes: the consume's own pulls renew the pin.
+                await trio.sleep(2.4)
+                await natspy_publish(natspy, 5, start=5)
+                seqs = list(first)
+                with trio.fail_after(10):
+                    while len(seqs) < 10:
+                        seqs += [seq_of(m) for m in await msgs.next_batch()]
+                assert sorted(seqs) == list(range(1, 11))
+                assert log.of(PinLost) == [] and consumer.pin_id == gained.pin_id
+                nursery.cancel_scope.cancel()
+
+        # Below 1 s only there: another consumer keeps ADR-37's floor.
+        await js.create_consumer("S", ConsumerConfig(durable_name="PLAIN"))
+        plain = await js.pull_consumer("S", "PLAIN")
+        with pytest.raises(ValueError, match="at least 1 second"):
+            async with plain.consume(expires=0.4):
+                pass

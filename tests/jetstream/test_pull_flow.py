@@ -69,7 +69,9 @@ def test_the_defaults_are_written_once():
 
     assert ConsumeOptions().heartbeat_alarm_factor == HEARTBEAT_ALARM_FACTOR == 2.0
     assert ConsumeOptions(expires=30).heartbeat == default_heartbeat(30) == 15.0
-    assert default_heartbeat(0.5) == 0.5 and default_heartbeat(100) == 30.0
+    assert default_heartbeat(1) == 0.5 and default_heartbeat(100) == 30.0
+    # Never more than half of expires: under 1 s (a short pin, issue 24), half of it.
+    assert default_heartbeat(0.5) == 0.25
 
 
 def test_a_consume_asks_for_what_is_missing_once_at_the_threshold():

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 #: Extra time the client waits beyond a request's ``expires`` for the server's 408.
 CLIENT_MARGIN = 1.0
+#: The least ``expires`` of a consume (ADR-37), but for a pin that lasts no longer.
+MIN_EXPIRES = 1.0
 DEFAULT_FETCH_EXPIRES = 30.0
 
 
@@ -107,11 +109,21 @@ class PullConsumer:
 
     def _check_pin_renewed(self, expires: float) -> None:
         """A pinned client keeps its pin only by pulling again within ``priority_timeout``; an
-        idle consume pulls again when its request expires, so that must come first."""
+        idle consume pulls again when its request expires, so that must come first. And
+        ``expires`` is at least :data:`MIN_EXPIRES` (ADR-37), except on a pinned_client
+        consumer whose pin lasts that long or less, which no such consume could keep (issue
+        24: it could not be consumed at all)."""
         config = self.cached_info.config
-        if config.priority_policy != PriorityPolicy.PINNED_CLIENT:
-            return
+        pinned = config.priority_policy == PriorityPolicy.PINNED_CLIENT
         timeout = config.priority_timeout or DEFAULT_PRIORITY_TIMEOUT
+        if expires < MIN_EXPIRES and not (pinned and timeout <= MIN_EXPIRES):
+            raise ValueError(
+                f"consume expires must be at least {MIN_EXPIRES:g} second (ADR-37), not "
+                f"{expires}; shorter only on a pinned_client consumer whose priority_timeout "
+                f"is {MIN_EXPIRES:g} s or less"
+            )
+        if not pinned:
+            return
         if expires >= timeout:
             raise PriorityGroupError(
                 f"consume expires ({expires}s) must be shorter than the priority_timeout "

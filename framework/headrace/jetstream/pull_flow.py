@@ -52,8 +52,10 @@ WARNING_RETRY = 0.25
 
 
 def default_heartbeat(expires: float) -> float:
-    """ADR-37's default ``idle_heartbeat``: half of ``expires``, within [0.5 s, 30 s]."""
-    return min(max(expires / 2, 0.5), 30.0)
+    """ADR-37's default ``idle_heartbeat``: half of ``expires``, within [0.5 s, 30 s] (and
+    never more than half: an ``expires`` under 1 s, for a pin that lasts 1 s or less, gets a
+    heartbeat of half of it)."""
+    return min(max(expires / 2, 0.5), 30.0, expires / 2)
 
 
 @attrs.frozen(slots=True)
