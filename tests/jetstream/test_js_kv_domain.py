@@ -25,6 +25,7 @@ from headrace.jetstream import (
     KeyValue,
     KeyValueConfig,
     KeyValueOperation,
+    StreamConfig,
     StreamSource,
     WrongRevision,
     create_key_value,
@@ -166,6 +167,29 @@ async def test_a_mirror_of_a_bucket_in_another_domain_writes_to_the_origin(
         assert bound.write_prefix == copy.write_prefix
 
     await _natspy_reads(natspy, hub.url, "orig", {"cfg.a": b"1", "cfg.b": b"2"})
+
+
+async def test_a_source_named_by_its_domain(nats_server_factory: Any, tmp_path: Any) -> None:
+    """``StreamSource(domain=...)``, nats.go's shorthand for the external API prefix (issue
+    24): a stream in the leafnode's domain sources one in the hub's."""
+    _hub, leaf = _hub_and_leaf(nats_server_factory, tmp_path)
+    async with connect(leaf.url) as nc:
+        hub_js, own_js = JetStream(nc, domain="hub"), JetStream(nc)
+        await _until_answered(hub_js)
+        await hub_js.add_stream(StreamConfig(name="ORDERS", subjects=["orders.>"]))
+        await hub_js.publish("orders.1", b"a")
+        source = StreamSource(name="ORDERS", domain="hub")
+        assert source.external == ExternalStream(api="$JS.hub.API")
+        info = await own_js.add_stream(StreamConfig(name="LOCAL", sources=[source]))
+        assert info.config.sources is not None
+        external = info.config.sources[0].external
+        assert external is not None and external.api == "$JS.hub.API"
+        async with own_js.subscribe("orders.>", stream="LOCAL", ordered=True) as copied:
+            with trio.fail_after(15):
+                msg = await copied.next_msg()
+        assert (msg.subject, msg.data) == ("orders.1", b"a")
+    with pytest.raises(ValueError, match="not both"):
+        StreamSource(name="X", domain="hub", external=ExternalStream(api="$JS.hub.API"))
 
 
 def _import_config(store: str) -> str:

@@ -319,3 +319,45 @@ async def test_direct_get_of_a_republished_message(nats_server):
         assert direct.data == b"1"
         assert (direct.stream, direct.subject, direct.seq) == ("COPY", "copy.a.x", 2)
         assert direct.time == via_leader.time
+
+
+async def test_expected_last_sequence_of_other_subjects(nats_server):
+    """``expected_last_subject_seq_subject`` (issue 24): the condition is on the last
+    sequence of the subjects matching it, not of the subject published to. (A ledger that
+    appends ``acct.1.<n>`` only if nothing else was written to ``acct.1.>`` meanwhile.)"""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await _stream(js, name="L", subjects=["acct.>"])
+        first = await js.publish("acct.1.a", b"1")
+        await js.publish("acct.2.a", b"x")  # another account: no matter
+        ok = await js.publish(
+            "acct.1.b",
+            b"2",
+            expected_last_subject_seq=first.seq,
+            expected_last_subject_seq_subject="acct.1.>",
+        )
+        with pytest.raises(WrongLastSequence):
+            await js.publish(
+                "acct.1.c",
+                b"3",
+                expected_last_subject_seq=first.seq,  # acct.1.b came since
+                expected_last_subject_seq_subject="acct.1.>",
+            )
+        assert (await js.stream_info("L")).state.last_seq == ok.seq
+        with pytest.raises(ValueError, match="goes with expected_last_subject_seq"):
+            await js.publish("acct.1.d", b"", expected_last_subject_seq_subject="acct.1.>")
+        with pytest.raises(InvalidSubjectError):
+            await js.publish(
+                "acct.1.d", b"", expected_last_subject_seq=1,
+                expected_last_subject_seq_subject="acct.>.x",
+            )  # fmt: skip
+
+
+async def test_create_or_update_stream(nats_server):
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        made = await js.create_or_update_stream(StreamConfig(name="U", subjects=["u.a"]))
+        assert made.config.subjects == ["u.a"]
+        changed = await js.create_or_update_stream(StreamConfig(name="U", subjects=["u.a", "u.b"]))
+        assert changed.config.subjects == ["u.a", "u.b"]
+        assert changed.created == made.created  # the same stream, updated

@@ -39,6 +39,7 @@ from headrace.jetstream.errors import (
     MessageNotFound,
     NoStreamForSubject,
     StreamLookupError,
+    StreamNotFound,
     api_error,
 )
 from headrace.jetstream.msg_ttl import NATS_TTL, MessageTTL, ttl_header
@@ -154,6 +155,15 @@ class JetStreamAPI:
     async def update_stream(self, config: StreamConfig) -> StreamInfo:
         answer = await self.api_request(f"STREAM.UPDATE.{config.name}", to_json(config))
         return from_json(StreamInfo, answer)
+
+    async def create_or_update_stream(self, config: StreamConfig) -> StreamInfo:
+        """Update the stream, or create it if there is none (nats.go's CreateOrUpdateStream):
+        a deployment's one call whether or not it ran before. What an update may not change
+        is refused as by :meth:`update_stream`."""
+        try:
+            return await self.update_stream(config)
+        except StreamNotFound:
+            return await self.add_stream(config)
 
     async def stream_info(
         self, name: str, *, subjects_filter: str | None = None, deleted_details: bool = False
@@ -369,6 +379,7 @@ class JetStreamAPI:
         expected_stream: str | None = None,
         expected_last_seq: int | None = None,
         expected_last_subject_seq: int | None = None,
+        expected_last_subject_seq_subject: str | None = None,
         expected_last_msg_id: str | None = None,
         ttl: MessageTTL | None = None,
         timeout: float | None = None,
@@ -378,7 +389,10 @@ class JetStreamAPI:
         """Publish to a stream and wait for its acknowledgement.
 
         ``msg_id`` de-duplicates within the stream's duplicate window (``PubAck.duplicate``);
-        the ``expected_*`` arguments make the write conditional (:class:`WrongLastSequence`).
+        the ``expected_*`` arguments make the write conditional (:class:`WrongLastSequence`);
+        ``expected_last_subject_seq_subject`` (a subject, wildcards allowed) makes
+        ``expected_last_subject_seq`` the last sequence of the subjects matching it rather
+        than of ``subject`` (``Nats-Expected-Last-Subject-Sequence-Subject``).
         ``ttl`` (ADR-43: seconds, a timedelta, a duration string such as ``"1h30m"``, or
         ``"never"``) is how long the stream keeps this message, sent as ``Nats-TTL``: checked
         before sending (:class:`InvalidMessageTTL`), refused by a stream without
@@ -387,11 +401,22 @@ class JetStreamAPI:
         the Go client does): a stream just created, or electing a leader, answers a moment later.
         """
         hdrs = _headers(headers)
+        if expected_last_subject_seq_subject is not None:
+            if expected_last_subject_seq is None:
+                raise ValueError(
+                    "expected_last_subject_seq_subject goes with expected_last_subject_seq"
+                )
+            check_subject(
+                expected_last_subject_seq_subject,
+                wildcards=True,
+                what="expected_last_subject_seq_subject",
+            )
         for name, value in (
             ("Nats-Msg-Id", msg_id),
             ("Nats-Expected-Stream", expected_stream),
             ("Nats-Expected-Last-Sequence", expected_last_seq),
             ("Nats-Expected-Last-Subject-Sequence", expected_last_subject_seq),
+            ("Nats-Expected-Last-Subject-Sequence-Subject", expected_last_subject_seq_subject),
             ("Nats-Expected-Last-Msg-Id", expected_last_msg_id),
             (NATS_TTL, None if ttl is None else ttl_header(ttl)),
         ):

@@ -112,11 +112,15 @@ def _encode(value: Any, kind: Any) -> Any:
     return value
 
 
+#: Metadata of a field that is the client's alone: never sent (``StreamSource.domain``).
+LOCAL = "headrace.local"
+
+
 def to_json(obj: Any) -> dict[str, Any]:
     """The wire form of a model: unset (``None``) fields omitted, ``extra`` merged back."""
     out: dict[str, Any] = dict(getattr(obj, "extra", None) or {})
     for field in attrs.fields(type(obj)):
-        if field.name == "extra":
+        if field.name == "extra" or field.metadata.get(LOCAL):
             continue
         value = getattr(obj, field.name)
         if value is None:

@@ -27,6 +27,11 @@ class AckPolicy(enum.StrEnum):
     NONE = "none"
     ALL = "all"
     EXPLICIT = "explicit"
+    #: nats-server 2.14+: acked by the answers to flow control, as ``all`` is by an ack: the
+    #: policy of a durable push consumer that a stream sources or mirrors through
+    #: (``StreamSource(consumer=StreamConsumerSource(...))``). Needs ``deliver_subject``,
+    #: ``flow_control``, an ``idle_heartbeat`` of 1 s and a ``max_ack_pending``.
+    FLOW_CONTROL = "flow_control"
 
 
 class DeliverPolicy(enum.StrEnum):
@@ -116,6 +121,27 @@ class ConsumerConfig:
 
     def __attrs_post_init__(self) -> None:
         self._check_priority()
+        self._check_flow_control()
+
+    def _check_flow_control(self) -> None:
+        """What the server asks of the ``flow_control`` ack policy, said before sending."""
+        if self.ack_policy is not AckPolicy.FLOW_CONTROL:
+            return
+        missing = [
+            what
+            for what, ok in (
+                ("a deliver_subject (a push consumer)", bool(self.deliver_subject)),
+                ("flow_control=True", self.flow_control is True),
+                ("idle_heartbeat=1.0", self.idle_heartbeat == 1.0),
+                ("a max_ack_pending", bool(self.max_ack_pending and self.max_ack_pending > 0)),
+            )
+            if not ok
+        ]
+        if missing:
+            raise ValueError(
+                "ack policy flow_control (a consumer a stream sources through) needs "
+                + ", ".join(missing)
+            )
 
     def _check_priority(self) -> None:
         """Refuse what the server refuses of priority groups, with its err_code, before

@@ -13,9 +13,10 @@ from typing import Any
 import attrs
 
 from headrace.jetstream import config_checks as check
-from headrace.jetstream.codec import DURATION, TIME, jfield
+from headrace.jetstream.codec import DURATION, LOCAL, TIME, jfield
 from headrace.jetstream.errors import InvalidConfigValue
 from headrace.jetstream.names import check_stream
+from headrace.protocol.commands import check_subject
 
 
 class RetentionPolicy(enum.StrEnum):
@@ -126,7 +127,18 @@ class StreamSource:
     )
     external: ExternalStream | None = jfield(kind=ExternalStream)
     consumer: StreamConsumerSource | None = jfield(kind=StreamConsumerSource)
+    #: The JetStream domain the stream is in, as nats.go's ``Domain``: shorthand for
+    #: ``external=ExternalStream(api="$JS.<domain>.API")`` (give one or the other). The
+    #: client's alone: the server is sent the ``external`` it stands for.
+    domain: str | None = attrs.field(default=None, metadata={LOCAL: True})
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.domain is not None:
+            if self.external is not None:
+                raise ValueError("give a source's domain or its external, not both")
+            check_subject(self.domain, what="JetStream domain")
+            self.external = ExternalStream(api=f"$JS.{self.domain}.API")
 
 
 @attrs.define(kw_only=True)
