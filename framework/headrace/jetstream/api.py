@@ -35,6 +35,8 @@ from headrace.jetstream.direct_batch import (
 )
 from headrace.jetstream.direct_mux import DirectBatchMux
 from headrace.jetstream.errors import (
+    InvalidMessageSchedule,
+    InvalidScheduleRollup,
     JetStreamUnavailable,
     MessageNotFound,
     NoStreamForSubject,
@@ -48,6 +50,7 @@ from headrace.jetstream.pause import ConsumerPause, PauseUntil, pause_api, pause
 from headrace.jetstream.priority import check_group_name, unpin_api
 from headrace.jetstream.reset import ConsumerReset, reset_api, reset_body
 from headrace.jetstream.responses import AccountInfo, PubAck
+from headrace.jetstream.schedules import SCHEDULE_HEADER_PREFIX, MessageSchedule
 from headrace.jetstream.stored_message import StoredMessage, from_direct_reply
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
 from headrace.nats.connection import Connection
@@ -382,6 +385,7 @@ class JetStreamAPI:
         expected_last_subject_seq_subject: str | None = None,
         expected_last_msg_id: str | None = None,
         ttl: MessageTTL | None = None,
+        schedule: MessageSchedule | None = None,
         timeout: float | None = None,
         retry_attempts: int = 2,
         retry_wait: float = 0.25,
@@ -397,10 +401,17 @@ class JetStreamAPI:
         ``"never"``) is how long the stream keeps this message, sent as ``Nats-TTL``: checked
         before sending (:class:`InvalidMessageTTL`), refused by a stream without
         ``allow_msg_ttl`` (:class:`MessageTTLDisabled`).
+        ``schedule`` (ADR-51, :mod:`headrace.jetstream.schedules`; the stream needs
+        ``allow_msg_schedules``) makes this message a schedule: the server publishes ``data``
+        (and the other headers) to ``schedule.target`` at its times. ``subject`` names the
+        schedule (one per subject: publishing again replaces it), and ``msg_id``, ``ttl``
+        and ``expected_*`` apply to the schedule message itself.
         Nobody answering is retried ``retry_attempts`` times, ``retry_wait`` seconds apart (as
         the Go client does): a stream just created, or electing a leader, answers a moment later.
         """
         hdrs = _headers(headers)
+        if schedule is not None:
+            _add_schedule(hdrs, schedule, subject)
         if expected_last_subject_seq_subject is not None:
             if expected_last_subject_seq is None:
                 raise ValueError(
@@ -688,6 +699,23 @@ class JetStreamAPI:
         check_stream("stream", stream)
         body = {"seq": seq, "no_erase": not erase}
         await self.api_request(f"STREAM.MSG.DELETE.{stream}", body)
+
+
+def _add_schedule(hdrs: Headers, schedule: MessageSchedule, subject: str) -> None:
+    """The schedule's headers on a publish, refusing the caller's that would clash (the
+    server would refuse them, or mix two schedules)."""
+    for name in hdrs:
+        if name.lower().startswith(SCHEDULE_HEADER_PREFIX.lower()):
+            raise InvalidMessageSchedule(
+                400, 10189, f"header {name!r} beside schedule=: give the schedule one way"
+            )
+    for rollup in hdrs.get_all("Nats-Rollup"):
+        if rollup != "sub":
+            raise InvalidScheduleRollup(
+                400, 10192, f"a schedule message's Nats-Rollup must be 'sub', not {rollup!r}"
+            )
+    for name, value in schedule.headers(subject).items():
+        hdrs.set(name, value)
 
 
 def _get_body(

@@ -232,37 +232,131 @@ class AtomicPublishUnsupported(JetStreamError):
         self.ack = ack
 
 
+# -- message schedules (ADR-51; headrace.jetstream.schedules) ----------------------------------
+
+
+class MessageScheduleError(JetStreamAPIError):
+    """The server refused a message schedule (ADR-51), or the client did, knowing it would.
+    Nothing was stored."""
+
+
+class MessageSchedulesDisabled(MessageScheduleError):
+    """A schedule published to a stream without ``allow_msg_schedules`` (10188). A stream
+    update may turn it on (never off again); a mirror or a sourced stream cannot have it."""
+
+    err_codes = (10188,)
+
+
+class MessageSchedulesNotAllowed(MessageScheduleError):
+    """A stream configuration with ``allow_msg_schedules`` and a mirror (10186) or sources
+    (10187): schedules produce messages, which a stream that copies another may not. Put the
+    schedules in the origin stream."""
+
+    err_codes = (10186, 10187)
+
+
+class InvalidMessageSchedule(MessageScheduleError, ValueError):
+    """A schedule the server refuses for what it says; the subclasses say which header."""
+
+
+class InvalidSchedulePattern(InvalidMessageSchedule):
+    """``Nats-Schedule`` is no schedule (10189): an ``@at`` time without an offset, an
+    ``@every`` under a second or not a Go duration, a cron expression without six fields, a
+    field out of range, one that never matches (``0 0 0 30 2 *``) or a time zone on anything
+    but cron."""
+
+    err_codes = (10189,)
+
+
+class InvalidScheduleTarget(InvalidMessageSchedule):
+    """``Nats-Schedule-Target`` is missing, not a literal subject, the schedule's own subject,
+    or no subject of the stream (10190)."""
+
+    err_codes = (10190,)
+
+
+class InvalidScheduleTTL(InvalidMessageSchedule):
+    """``Nats-Schedule-TTL`` is no per-message TTL (10191; the rules of ADR-43's ``Nats-TTL``).
+    A valid one on a stream without ``allow_msg_ttl`` is
+    :class:`~headrace.jetstream.errors.MessageTTLDisabled` (10166)."""
+
+    err_codes = (10191,)
+
+
+class InvalidScheduleRollup(InvalidMessageSchedule):
+    """``Nats-Schedule-Rollup`` other than ``sub``, or a schedule message whose own
+    ``Nats-Rollup`` is other than ``sub`` (10192)."""
+
+    err_codes = (10192,)
+
+
+class InvalidScheduleSource(InvalidMessageSchedule):
+    """``Nats-Schedule-Source`` is not a literal subject of the stream, or is the target or
+    the schedule's own subject (10203)."""
+
+    err_codes = (10203,)
+
+
+class InvalidScheduler(InvalidMessageSchedule):
+    """A publish with ``Nats-Scheduler`` that is no stop of a schedule (10212): without
+    ``Nats-Schedule-Next: purge``, with another ``Nats-Schedule-Next``, naming its own subject,
+    or naming a subject whose last message is no schedule."""
+
+    err_codes = (10212,)
+
+
+class InvalidScheduleTimeZone(InvalidMessageSchedule):
+    """``Nats-Schedule-Time-Zone`` is empty or names no zone the server's time zone database
+    has (10223; nats-server 2.14+). Fixed offsets (``+02:00``) are no zone."""
+
+    err_codes = (10223,)
+
+
+#: The classes for :func:`~headrace.jetstream.errors.api_error`'s table.
+SCHEDULE_ERRORS: tuple[type[MessageScheduleError], ...] = (
+    MessageSchedulesDisabled,
+    MessageSchedulesNotAllowed,
+    InvalidSchedulePattern,
+    InvalidScheduleTarget,
+    InvalidScheduleTTL,
+    InvalidScheduleRollup,
+    InvalidScheduleSource,
+    InvalidScheduler,
+    InvalidScheduleTimeZone,
+)
+
+
+_CLASSES: tuple[type[JetStreamAPIError], ...] = (
+    BadRequest,
+    JetStreamNotEnabled,
+    StreamNotFound,
+    StreamAlreadyExists,
+    StreamSubjectsOverlap,
+    ConsumerNotFound,
+    ConsumerDoesNotExist,
+    ConsumerAlreadyExists,
+    MessageNotFound,
+    WrongLastSequence,
+    WrongLastMsgId,
+    MessageTTLDisabled,
+    InvalidMessageTTL,
+    PriorityGroupConfigError,
+    PriorityGroupNotFound,
+    InvalidConsumerReset,
+    AtomicPublishDisabled,
+    AtomicBatchSequenceMissing,
+    AtomicBatchIncomplete,
+    AtomicUnsupportedHeader,
+    InvalidBatchId,
+    AtomicPublishOnMirror,
+    AtomicBatchTooLarge,
+    InvalidBatchCommit,
+    AtomicBatchDuplicateMessage,
+    AtomicBatchTooManyInflight,
+    *SCHEDULE_ERRORS,
+)
 _BY_CODE: dict[int, type[JetStreamAPIError]] = {
-    code: cls
-    for cls in (
-        BadRequest,
-        JetStreamNotEnabled,
-        StreamNotFound,
-        StreamAlreadyExists,
-        StreamSubjectsOverlap,
-        ConsumerNotFound,
-        ConsumerDoesNotExist,
-        ConsumerAlreadyExists,
-        MessageNotFound,
-        WrongLastSequence,
-        WrongLastMsgId,
-        MessageTTLDisabled,
-        InvalidMessageTTL,
-        PriorityGroupConfigError,
-        PriorityGroupNotFound,
-        InvalidConsumerReset,
-        AtomicPublishDisabled,
-        AtomicBatchSequenceMissing,
-        AtomicBatchIncomplete,
-        AtomicUnsupportedHeader,
-        InvalidBatchId,
-        AtomicPublishOnMirror,
-        AtomicBatchTooLarge,
-        InvalidBatchCommit,
-        AtomicBatchDuplicateMessage,
-        AtomicBatchTooManyInflight,
-    )
-    for code in cls.err_codes
+    code: cls for cls in _CLASSES for code in cls.err_codes
 }
 
 
