@@ -805,3 +805,23 @@ async def test_compare_and_set_against_natspy(nats_server, natspy):
             assert exc.current == base + 1
         assert sorted([py_result, hr_result]) == ["lost", "won"]
         assert (await kv.get("k")).value == b"py"
+
+
+async def test_keys_unvalidated_on_request(nats_server):
+    """``validate_keys=False`` (issue 24, as nats.go's option): a key another client wrote
+    that ADR-8's rules refuse (``user@example.com``) can be read, written and watched; what
+    can be no subject at all stays refused."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        strict = await create_key_value(js, KeyValueConfig(bucket="U"))
+        with pytest.raises(InvalidKey):
+            await strict.put("user@example.com", b"x")
+        loose = await key_value(js, "U", validate_keys=False)
+        assert not loose.validate_keys and strict.validate_keys
+        await loose.put("user@example.com", b"1")
+        assert (await loose.get("user@example.com")).value == b"1"
+        async with loose.watch("*.com") as watcher:
+            assert [k for k, _, _ in await initial(watcher)] == ["user@example.com"]
+        for bad in ("a b", "a.*", "", "a..b"):
+            with pytest.raises(InvalidKey):
+                await loose.put(bad, b"x")

@@ -314,3 +314,34 @@ async def test_bucket_sources_name_buckets_or_their_streams_and_must_exist(nats_
             with pytest.raises(BucketNotFound, match=re.escape(said)):
                 await create_key_value(js, KeyValueConfig(bucket="C", sources=[missing]))
         assert "KV_C" not in await js.stream_names()
+
+
+async def test_a_buckets_config_is_read_back_from_its_status(nats_server):
+    """Issue 24 (nats.go's ``Status().Config()``): the status gives the configuration back,
+    and making the bucket again from it changes nothing."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await create_key_value(js, KeyValueConfig(bucket="A"))
+        given = KeyValueConfig(
+            bucket="CFG",
+            description="settings",
+            history=4,
+            ttl=3600.0,
+            max_value_size=1024,
+            max_bytes=1 << 20,
+            compression=True,
+            metadata={"team": "core"},
+            republish=RePublish(src="$KV.CFG.>", dest="cfg.changed.>"),
+            sources=[StreamSource(name="A")],
+        )
+        kv = await create_key_value(js, given)
+        config = (await kv.status()).config
+        assert config is not None
+        for name in ("bucket", "description", "history", "ttl", "max_value_size", "max_bytes",
+                     "storage", "replicas", "compression", "metadata"):  # fmt: skip
+            assert getattr(config, name) == getattr(given, name), name
+        assert config.republish is not None and config.republish.dest == "cfg.changed.>"
+        assert config.sources is not None and [s.name for s in config.sources] == ["A"]
+        assert config.sources[0].subject_transforms is None  # the bucket source, as given
+        again = await create_key_value(js, config)  # the same bucket: no BucketExists
+        assert again.bucket == "CFG"

@@ -47,6 +47,7 @@ from typing import Any
 
 import attrs
 
+from headrace.errors import InvalidSubjectError
 from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.consumer_config import ConsumerConfig, DeliverPolicy
 from headrace.jetstream.context import DEFAULT_API_PREFIX, JetStream
@@ -78,6 +79,7 @@ from headrace.jetstream.stream_config import (
     StreamSource,
     SubjectTransformConfig,
 )
+from headrace.protocol.commands import check_subject
 from headrace.protocol.headers import Headers
 
 STREAM_PREFIX = "KV_"
@@ -245,6 +247,25 @@ def check_key(key: str) -> str:
                 f"tokens ({what})"
             )
     return key
+
+
+def check_subject_key(key: str) -> str:
+    """``key`` if it can be a key's subject at all (``validate_keys=False``): non-empty
+    tokens without whitespace, control characters or wildcards; else :class:`InvalidKey`."""
+    try:
+        check_subject(key, what="key")
+    except InvalidSubjectError as exc:
+        raise InvalidKey(str(exc)) from None
+    return key
+
+
+def check_subject_key_pattern(pattern: str) -> str:
+    """A watch pattern of such keys: ``*`` and a last ``>`` allowed."""
+    try:
+        check_subject(pattern, wildcards=True, what="key pattern")
+    except InvalidSubjectError as exc:
+        raise InvalidKey(str(exc)) from None
+    return pattern
 
 
 def check_key_pattern(pattern: str) -> str:
@@ -451,6 +472,9 @@ class KeyValueStatus:
     backing_store: str = "JetStream"
     #: How long limit markers are kept (seconds); ``None``: the bucket has none (ADR-48).
     limit_marker_ttl: float | None = None
+    #: The bucket's configuration as read back from its stream (nats.go's ``Config()``):
+    #: what ``create_key_value`` would be given to make it again.
+    config: KeyValueConfig | None = attrs.field(default=None, eq=False, hash=False)
 
 
 def bucket_status(bucket: str, info: StreamInfo) -> KeyValueStatus:
@@ -466,13 +490,60 @@ def bucket_status(bucket: str, info: StreamInfo) -> KeyValueStatus:
         metadata=dict(cfg.metadata or {}),
         stream_info=info,
         limit_marker_ttl=cfg.subject_delete_marker_ttl or None,
+        config=bucket_config(bucket, info.config),
+    )
+
+
+def bucket_config(bucket: str, cfg: StreamConfig) -> KeyValueConfig:
+    """The :class:`KeyValueConfig` of bucket ``bucket`` whose stream has ``cfg``: the reverse
+    of :meth:`KeyValueConfig.stream_config` (a source's key transform taken off again)."""
+    prefix = f"{SUBJECT_PREFIX}.{bucket}.>"
+    sources = None
+    if cfg.sources:
+        sources = []
+        for source in cfg.sources:
+            transforms = source.subject_transforms or []
+            origin = source.name.removeprefix(STREAM_PREFIX)
+            made = (
+                source.name.startswith(STREAM_PREFIX)
+                and len(transforms) == 1
+                and transforms[0].src == f"{SUBJECT_PREFIX}.{origin}.>"
+                and transforms[0].dest == prefix
+            )
+            sources.append(
+                attrs.evolve(source, name=origin, subject_transforms=None) if made else source
+            )
+    mirror = cfg.mirror
+    return KeyValueConfig(
+        bucket=bucket,
+        description=cfg.description,
+        history=cfg.max_msgs_per_subject or 1,
+        ttl=cfg.max_age or None,
+        max_value_size=cfg.max_msg_size if (cfg.max_msg_size or 0) > 0 else None,
+        max_bytes=cfg.max_bytes if (cfg.max_bytes or 0) > 0 else None,
+        storage=cfg.storage or StorageType.FILE,
+        replicas=cfg.num_replicas or 1,
+        compression=cfg.compression is Compression.S2,
+        metadata={k: v for k, v in (cfg.metadata or {}).items() if not k.startswith("_nats.")}
+        or None,
+        limit_marker_ttl=cfg.subject_delete_marker_ttl or None,
+        placement=cfg.placement,
+        republish=cfg.republish,
+        sources=sources,
+        mirror=(
+            attrs.evolve(mirror, name=mirror.name.removeprefix(STREAM_PREFIX))
+            if mirror is not None
+            else None
+        ),
     )
 
 
 # -- bucket management ----------------------------------------------------------------------------
 
 
-async def create_key_value(js: JetStream, config: KeyValueConfig) -> KeyValue:
+async def create_key_value(
+    js: JetStream, config: KeyValueConfig, *, validate_keys: bool = True
+) -> KeyValue:
     """Create the bucket (idempotent for the same configuration) and return its handle.
 
     :class:`BucketExists` if it exists with another configuration;
@@ -494,6 +565,7 @@ async def create_key_value(js: JetStream, config: KeyValueConfig) -> KeyValue:
         direct=bool(info.config.allow_direct),
         origin=_origin(info),
         origin_api=_origin_api(info),
+        validate_keys=validate_keys,
     )
 
 
@@ -556,8 +628,9 @@ async def check_limit_markers(js: JetStream, config: KeyValueConfig) -> None:
         )
 
 
-async def key_value(js: JetStream, bucket: str) -> KeyValue:
-    """A handle on the existing bucket ``bucket``; :class:`BucketNotFound` if there is none."""
+async def key_value(js: JetStream, bucket: str, *, validate_keys: bool = True) -> KeyValue:
+    """A handle on the existing bucket ``bucket``; :class:`BucketNotFound` if there is none.
+    ``validate_keys``: see :attr:`KeyValue.validate_keys`."""
     check_bucket_name(bucket)
     stream = STREAM_PREFIX + bucket
     try:
@@ -577,6 +650,7 @@ async def key_value(js: JetStream, bucket: str) -> KeyValue:
         direct=bool(info.config.allow_direct),
         origin=_origin(info),
         origin_api=_origin_api(info),
+        validate_keys=validate_keys,
     )
 
 
@@ -630,8 +704,16 @@ class KeyValue:
         direct: bool = True,
         origin: str | None = None,
         origin_api: str | None = None,
+        validate_keys: bool = True,
     ) -> None:
         self.js = js
+        #: Keys checked against ADR-8's rules (``[-/_=.a-zA-Z0-9]``, no leading, trailing or
+        #: double dot); with ``validate_keys=False`` (nats.go's option) any key that is a
+        #: valid subject is taken, for buckets written by clients that allow more
+        #: (``user@example.com``). Wildcards and empty tokens stay refused.
+        self.validate_keys = validate_keys
+        self._key = check_key if validate_keys else check_subject_key
+        self._pattern = check_key_pattern if validate_keys else check_subject_key_pattern
         self.bucket = check_bucket_name(bucket)
         self.stream = STREAM_PREFIX + bucket
         #: A mirror bucket (``origin``: the bucket it mirrors) stores the origin's subjects:
@@ -662,7 +744,7 @@ class KeyValue:
         entry is a delete or purge marker (``KeyNotFound.entry``), or ``revision`` belongs to
         another key.
         """
-        entry = await self._load(check_key(key), revision)
+        entry = await self._load(self._key(key), revision)
         if entry.operation is not Operation.PUT:
             raise KeyNotFound(self.bucket, key, entry)
         return entry
@@ -676,7 +758,7 @@ class KeyValue:
         up-to sequence), so the values are of one moment. A bucket without Direct Get is read
         key by key through the stream leader.
         """
-        wanted = list(dict.fromkeys(check_key(k) for k in keys))
+        wanted = list(dict.fromkeys(self._key(k) for k in keys))
         found: dict[str, Entry] = {}
         try:
             await self._get_many_direct(wanted, found)
@@ -757,7 +839,7 @@ class KeyValue:
     async def history(self, key: str) -> list[Entry]:
         """Every revision the bucket still has of ``key``, oldest first, markers included
         (empty if it has none)."""
-        check_key(key)
+        self._key(key)
         async with self.watch(key, include_history=True) as watcher:
             return [entry async for entry in watcher.initial()]
 
@@ -807,7 +889,7 @@ class KeyValue:
 
     async def put(self, key: str, value: bytes) -> int:
         """Set ``key`` to ``value`` whatever it was; its new revision."""
-        return await self._publish(check_key(key), value)
+        return await self._publish(self._key(key), value)
 
     async def update(self, key: str, value: bytes, last_revision: int) -> int:
         """Set ``key`` only if its last revision is ``last_revision``; its new revision.
@@ -818,7 +900,7 @@ class KeyValue:
         """
         if last_revision < 0:
             raise ValueError(f"a revision is 0 or more, not {last_revision}")
-        return await self._publish(check_key(key), value, expected=last_revision)
+        return await self._publish(self._key(key), value, expected=last_revision)
 
     async def create(self, key: str, value: bytes, *, ttl: MessageTTL | None = None) -> int:
         """Set ``key`` only if it has no value; its new revision.
@@ -835,7 +917,7 @@ class KeyValue:
         conditional write on the key was in flight, or that a lagging replica answered the
         read; never that a value was overwritten.
         """
-        check_key(key)
+        self._key(key)
         expected = 0
         refused: WrongRevision | None = None
         for _ in range(CREATE_ATTEMPTS):
@@ -863,7 +945,7 @@ class KeyValue:
         marker's revision. With ``last_revision``, only if that is the key's last revision
         (:class:`WrongRevision` otherwise)."""
         return await self._publish(
-            check_key(key), b"", expected=last_revision, headers={KV_OPERATION: "DEL"}
+            self._key(key), b"", expected=last_revision, headers={KV_OPERATION: "DEL"}
         )
 
     async def purge(
@@ -875,7 +957,7 @@ class KeyValue:
         goes after that long, and the key leaves no trace (the server places no marker for a
         removed marker)."""
         return await self._publish(
-            check_key(key),
+            self._key(key),
             b"",
             expected=last_revision,
             headers={KV_OPERATION: "PURGE", ROLLUP: "sub"},
@@ -956,7 +1038,7 @@ class KeyValue:
             raise InvalidKey(
                 "an empty key cannot be watched: give '>' (or no keys, []) for the whole bucket"
             )
-        subjects = [self.prefix + check_key_pattern(p) for p in patterns or [">"]]
+        subjects = [self.prefix + self._pattern(p) for p in patterns or [">"]]
         if resume_from_revision is not None:
             policy = DeliverPolicy.BY_START_SEQUENCE
         elif include_history:
