@@ -20,6 +20,7 @@ from headrace.jetstream import (
     JsMsg,
     PullConsumer,
 )
+from headrace.jetstream.consume import ConsumeOptions
 from headrace.jetstream.pull_consumer import CLIENT_MARGIN
 from headrace.nats import connect
 from js_pull_support import (
@@ -261,3 +262,27 @@ async def test_fetch_rejects_both_limits(nats_server):
         consumer = await setup_pull(JetStream(nc))
         with pytest.raises(ValueError, match="not both"):
             await consumer.fetch(5, max_bytes=100)
+
+
+async def test_consume_stop_after(nats_server, natspy):
+    """``stop_after`` (nats.go's StopAfter, issue 24): iteration ends after that many
+    messages, and the server was never asked for more."""
+    from natspy_peer import consumer_info
+
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        consumer = await setup_pull(js)
+        for i in range(50):
+            await js.publish("s.x", b"%d" % i)
+        got = []
+        with trio.fail_after(10):
+            async with consumer.consume(stop_after=20, max_messages=8) as messages:
+                async for msg in messages:
+                    await msg.ack()
+                    got.append(int(msg.data))
+        assert got == list(range(20))
+        await natspy.connect(nats_server.url)
+        info = await consumer_info(natspy)
+        assert info.delivered.stream_seq == 20 and info.num_pending == 30
+        with pytest.raises(ValueError, match="stop_after counts messages"):
+            ConsumeOptions(stop_after=5, max_bytes=1000)

@@ -533,3 +533,23 @@ class FlowMachine(RuleBasedStateMachine):
 
 
 TestFlowMachine = FlowMachine.TestCase
+
+
+def test_stop_after_asks_for_no_more_than_is_left_and_ends_there():
+    """nats.go's StopAfter (issue 24): requests never ask beyond the messages left to hand
+    out, and the flow ends, quietly, once that many were taken."""
+    flow = consume_flow(stop_after=12)
+    first = flow.pull(0.0, True)
+    assert first is not None and first.batch == 10
+    flow.received(10, 0, 0.1)
+    flow.taken(6, 0)
+    again = flow.pull(0.2, True)
+    assert again is not None and again.batch == 2  # 6 taken, 4 pending: 2 left to ask for
+    flow.received(2, 0, 0.3)
+    flow.taken(6, 0)
+    assert (flow.left, flow.ended, flow.error) == (0, True, None)
+    assert flow.pull(0.4, True) is None
+    with pytest.raises(ValueError, match="stop_after"):
+        consume_flow(stop_after=0)
+    with pytest.raises(ValueError, match="stop_after"):
+        consume_flow(stop_after=5, max_bytes=100)

@@ -136,11 +136,16 @@ class ConsumeOptions:
     min_pending: int | None = None
     min_ack_pending: int | None = None
     priority: int | None = None
+    #: nats.go's ``StopAfter``: the consume ends (iteration stops) once this many messages
+    #: were handed out, and never asks the server for more. Messages mode only.
+    stop_after: int | None = attrs.field(default=None, validator=at_least_one_or_none)
 
     def __attrs_post_init__(self) -> None:
         self.priority_pull  # noqa: B018 (validates the group and its settings now)
         if self.max_messages is not None and self.max_bytes is not None:
             raise ValueError("give max_messages or max_bytes, not both (ADR-37)")
+        if self.stop_after is not None and self.max_bytes is not None:
+            raise ValueError("stop_after counts messages: give it with max_messages, not max_bytes")
         # (At least MIN_EXPIRES, 1 s, as ADR-37 says, is checked when the consume starts: a
         # pinned_client consumer whose pin lasts 1 s or less needs a shorter one.)
         if not self.expires > 0:
@@ -258,6 +263,7 @@ class ConsumeBuffer(Actor[_Control]):
             subject=self._next_subject,
             priority=options.priority_pull,
             pin_id=consumer.pin_id,
+            stop_after=options.stop_after,
         )
         self._grouped = self._flow.priority is not None
         self._ack_none = consumer.ack_none
@@ -332,6 +338,13 @@ class ConsumeBuffer(Actor[_Control]):
             raise ValueError(f"max_msgs must be at least 1, not {max_msgs}")
         buf = self._buf
         flow = self._flow
+        left = flow.left
+        if left is not None:
+            if left <= 0:
+                # (What a lost request's late answer left here is not handed out: unacked, it
+                # comes again after ack_wait.)
+                raise SubscriptionClosedError(f"{self.name} has ended: stop_after reached")
+            max_msgs = left if max_msgs is None else min(max_msgs, left)
         while not buf:
             if flow.ended:
                 if flow.error is not None:
@@ -345,7 +358,9 @@ class ConsumeBuffer(Actor[_Control]):
             taken = [buf.popleft() for _ in range(max_msgs)]
         self._forget_arrivals(len(taken))
         flow.taken(len(taken), sum(map(wire_size, taken)) if flow.max_bytes is not None else 0)
-        if self._pull():
+        if flow.ended and flow.left == 0:
+            self._end()  # stop_after reached: the actor stops, the inbox goes
+        elif self._pull():
             # Let the writer send the request now: otherwise it waits in the outbound buffer
             # until this task next yields, after the user has processed the whole batch, and
             # the next take waits for the network. Shielded: the batch is already taken.

@@ -143,8 +143,10 @@ class PullFlow:
         "refill",
         "requests_sent",
         "retry_at",
+        "stop_after",
         "stream",
         "subject",
+        "taken_total",
         "threshold",
     )
 
@@ -164,9 +166,16 @@ class PullFlow:
         subject: str,
         priority: PriorityPull | None = None,
         pin_id: str | None = None,
+        stop_after: int | None = None,
     ) -> None:
         if batch < 1 or (max_bytes is not None and max_bytes < 1):
             raise ValueError("batch and max_bytes must be at least 1")
+        if stop_after is not None and (stop_after < 1 or max_bytes is not None):
+            raise ValueError("stop_after is a number of messages, at least 1, without max_bytes")
+        #: A consume ends once this many messages were taken, and never asks for more.
+        self.stop_after = stop_after
+        #: Messages taken by the user in all.
+        self.taken_total = 0
         self.batch = batch
         self.max_bytes = max_bytes
         size = max_bytes if max_bytes is not None else batch
@@ -255,6 +264,9 @@ class PullFlow:
             if self.pending_msgs > self.threshold:
                 return None
             want = self.batch - self.pending_msgs
+            if self.stop_after is not None:
+                # Never more than the messages left to hand out (pending ones included).
+                want = min(want, self.stop_after - self.taken_total - self.pending_msgs)
             if want <= 0:
                 return None
             request = PullRequest(
@@ -306,11 +318,19 @@ class PullFlow:
         """The user took ``count`` buffered messages of ``nbytes`` bytes (bytes mode; else 0).
         The driver then calls :meth:`pull`: the pending count fell, maybe to the threshold."""
         self.buffered_msgs -= count
+        self.taken_total += count
         if self.max_bytes is not None:
             self.buffered_bytes -= nbytes
             self.pending_bytes -= nbytes
         else:
             self.pending_msgs -= count
+        if self.stop_after is not None and self.taken_total >= self.stop_after:
+            self._end(None)
+
+    @property
+    def left(self) -> int | None:
+        """Messages still to hand out before ``stop_after`` (None: no such limit)."""
+        return None if self.stop_after is None else self.stop_after - self.taken_total
 
     def pinned(self, pin_id: str) -> bool:
         """A delivered message carried ``Nats-Pin-Id``: send it back from now on. Returns
