@@ -53,6 +53,7 @@ from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.schedules import SCHEDULE_HEADER_PREFIX, MessageSchedule
 from headrace.jetstream.stored_message import StoredMessage, from_direct_reply
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
+from headrace.jetstream.trace import ClientTrace
 from headrace.nats.connection import Connection
 from headrace.nats.inbox import PendingRequest, unique_token
 from headrace.protocol.commands import check_subject
@@ -89,6 +90,7 @@ class JetStreamAPI:
         domain: str | None = None,
         api_prefix: str | None = None,
         timeout: float = 5.0,
+        trace: ClientTrace | None = None,
     ) -> None:
         if domain is not None and api_prefix is not None:
             raise ValueError("give a JetStream domain or an API prefix, not both")
@@ -103,6 +105,8 @@ class JetStreamAPI:
         self.domain = domain
         self.prefix = prefix
         self.timeout = timeout
+        #: Hooks called around every API request (:mod:`headrace.jetstream.trace`).
+        self.trace = trace
         self._batch_mux: DirectBatchMux | None = None
 
     def __repr__(self) -> str:
@@ -122,9 +126,13 @@ class JetStreamAPI:
         """One API call: the decoded answer, or the typed error it carried. ``wildcards``: the
         subject carries a filter that may have ``*`` or ``>`` tokens."""
         data = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
+        subject = self.api_subject(suffix)
+        trace = self.trace
+        if trace is not None and trace.request_sent is not None:
+            trace.request_sent(subject, data)
         try:
             msg = await self.nc.request(
-                self.api_subject(suffix),
+                subject,
                 data,
                 timeout=self.timeout if timeout is None else timeout,
                 wildcards=wildcards,
@@ -134,6 +142,8 @@ class JetStreamAPI:
                 f"nothing answered on {self.api_subject(suffix)!r}: is JetStream enabled for "
                 "this account and server, and are the domain and API prefix right?"
             ) from exc
+        if trace is not None and trace.response_received is not None:
+            trace.response_received(subject, msg)
         try:
             answer = json.loads(msg.data)
         except ValueError as exc:
