@@ -83,3 +83,33 @@ async def test_a_reset_is_refused_in_types(nats_server):
             await js.reset_consumer("S", "NEW", seq=1)
         assert caught.value.err_code == 10204
         assert (await js.reset_consumer("S", "NEW")).reset_seq == 1  # its ack floor: allowed
+
+
+async def test_a_reset_to_the_consumers_start(nats_server, natspy):
+    """``to_start`` (issue 24): from where the deliver policy starts."""
+    await natspy.connect(nats_server.url)
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        await js.add_stream(StreamConfig(name="S", subjects=["s.>"]))
+        await natspy_publish(natspy, 10)
+        await js.purge_stream("S", seq=3)  # the stream now starts at 3
+        await js.create_consumer("S", ConsumerConfig(durable_name="ALL"))
+        from_seq = ConsumerConfig(
+            durable_name="FROM", deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=6
+        )
+        await js.create_consumer("S", from_seq)
+        await js.create_consumer(
+            "S", ConsumerConfig(durable_name="NEW", deliver_policy=DeliverPolicy.NEW)
+        )
+        for name, start in (("ALL", 3), ("FROM", 6)):
+            consumer = await js.pull_consumer("S", name)
+            for msg in await consumer.fetch(20, expires=2):
+                await msg.ack_sync()
+            reset = await js.reset_consumer("S", name, to_start=True)
+            assert reset.reset_seq == start, name
+            again = await consumer.fetch(20, expires=2)
+            assert [m.metadata.stream_seq for m in again] == list(range(start, 11)), name
+        with pytest.raises(InvalidConsumerReset, match="delivers by new"):
+            await js.reset_consumer("S", "NEW", to_start=True)
+        with pytest.raises(ValueError, match="not both"):
+            await js.reset_consumer("S", "ALL", 4, to_start=True)

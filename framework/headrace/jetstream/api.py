@@ -25,7 +25,7 @@ import trio
 from headrace.errors import NoRespondersError, RequestTimeout
 from headrace.jetstream.atomic_batch import AtomicBatch, publish_batch
 from headrace.jetstream.codec import DecodeError, format_time, from_json, parse_time, to_json
-from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo
+from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo, DeliverPolicy
 from headrace.jetstream.direct_batch import (
     BatchGet,
     DirectBatch,
@@ -35,6 +35,7 @@ from headrace.jetstream.direct_batch import (
 )
 from headrace.jetstream.direct_mux import DirectBatchMux
 from headrace.jetstream.errors import (
+    InvalidConsumerReset,
     InvalidMessageSchedule,
     InvalidScheduleRollup,
     JetStreamUnavailable,
@@ -349,9 +350,15 @@ class JetStreamAPI:
         check_consumer("name", name)
         return from_json(ConsumerPause, await self.api_request(pause_api(stream, name)))
 
-    async def reset_consumer(self, stream: str, name: str, seq: int | None = None) -> ConsumerReset:
+    async def reset_consumer(
+        self, stream: str, name: str, seq: int | None = None, *, to_start: bool = False
+    ) -> ConsumerReset:
         """Start a consumer over (nats-server 2.14+, ``headrace.jetstream.reset``): from its
-        ack floor, or from stream sequence ``seq``. Every delivery it waited on an ack for is
+        ack floor, from stream sequence ``seq``, or (``to_start``) from where its deliver
+        policy starts: the stream's first message (``all``) or ``opt_start_seq``
+        (``by_start_sequence``); :class:`InvalidConsumerReset` for the policies whose start is
+        no stream sequence (``new``, ``last``, ``last_per_subject``, ``by_start_time``: give
+        ``seq``). Every delivery it waited on an ack for is
         forgotten, and the stream is delivered again from there in order.
         :class:`InvalidConsumerReset` for a sequence its deliver policy does not allow;
         :class:`ConsumerNotFound` / :class:`StreamNotFound` for a consumer that is not there
@@ -361,6 +368,10 @@ class JetStreamAPI:
         version)."""
         check_stream("stream", stream)
         check_consumer("name", name)
+        if to_start:
+            if seq is not None:
+                raise ValueError("give seq or to_start, not both")
+            seq = await self._start_of(stream, name)
         try:
             answer = await self.api_request(reset_api(stream, name), reset_body(seq))
         except RequestTimeout:
@@ -370,6 +381,21 @@ class JetStreamAPI:
         if isinstance(reset_seq, bool) or not isinstance(reset_seq, int):
             raise DecodeError(f"a consumer reset's answer has no reset_seq: {answer!r:.120}")
         return ConsumerReset(reset_seq, from_json(ConsumerInfo, answer))
+
+    async def _start_of(self, stream: str, name: str) -> int:
+        """The stream sequence a consumer's deliver policy starts at (see reset_consumer)."""
+        config = (await self.consumer_info(stream, name)).config
+        policy = config.deliver_policy or DeliverPolicy.ALL
+        if policy is DeliverPolicy.ALL:
+            return max(1, (await self.stream_info(stream)).state.first_seq)
+        if policy is DeliverPolicy.BY_START_SEQUENCE and config.opt_start_seq:
+            return config.opt_start_seq
+        raise InvalidConsumerReset(
+            400,
+            InvalidConsumerReset.err_codes[0],
+            f"consumer {name!r} delivers by {policy}: its start is no stream sequence to "
+            "reset to; give seq=",
+        )
 
     async def consumers(self, stream: str) -> AsyncIterator[ConsumerInfo]:
         check_stream("stream", stream)
