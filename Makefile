@@ -45,13 +45,15 @@ docs: $(STAMP)
 ## builds libnats (apt-get install libnats-dev) and installs nats.js (npm) as `make anchors` does;
 ## headrace and the anchors pull the same window, at the ADR-37 default (1000) and at 10000.
 ## `bench spark` reads the stream through the jetstream Spark data source (streaming and
-## batch) against the pipeline into SparkSink; `bench range-read` compares a source task's
+## batch) against the pipeline into SparkSink; `bench publish` async publishes against nats-py, nats.js
+## and libnats' js_PublishAsync; `bench range-read` compares a source task's
 ## batched Direct Gets with consumers (no Spark); `bench windows` counts 1M clicks per user and
 ## minute through a window operator against Bytewax (a dependency of bench/).
 bench: $(STAMP)
 	$(BIN)/headrace bench core
 	$(BIN)/headrace bench consume --anchors --buffer 1000
 	$(BIN)/headrace bench consume --anchors --buffer 10000
+	$(BIN)/headrace bench publish --anchors
 	$(BIN)/headrace bench pipeline
 	$(BIN)/headrace bench e2e
 	$(BIN)/headrace bench scale

@@ -28,6 +28,7 @@ def add_parser(commands: Any) -> None:
         choices=[
             "core",
             "consume",
+            "publish",
             "pipeline",
             "e2e",
             "checkpoints",
@@ -38,7 +39,10 @@ def add_parser(commands: Any) -> None:
         ],
         help=(
             "core: core NATS subscriber throughput vs nats-py; consume: JetStream consume "
-            "throughput (ack none and ack every message) vs nats-py fetch; pipeline: a "
+            "throughput (ack none and ack every message) vs nats-py fetch; publish: JetStream "
+            "publish throughput, every message acknowledged by the stream: headrace's "
+            "asynchronous publish vs its synchronous one, nats-py publish_async, and libnats "
+            "js_PublishAsync and nats.js when installed (--anchors installs them); pipeline: a "
             "source-map-sink pipeline acking after commit vs the same loop in nats-py; e2e: "
             "JetStream into Spark parquet files through SparkSink, acking after commit, vs "
             "nats-py fetch + PySpark Rows (needs the spark extra and Java); checkpoints: "
@@ -101,9 +105,19 @@ def add_parser(commands: Any) -> None:
         "--anchors",
         action="store_true",
         help=(
-            "consume only: also run the peer anchors (libnats, nats.js) from ../shared/anchors "
-            "against the same stream; may apt-get install libnats-dev and npm install nats@2 "
-            "(off by default: it installs software and needs the network)"
+            "consume: also run the peer anchors (libnats, nats.js) from ../shared/anchors "
+            "against the same stream; publish: install the peers it runs when found (libnats, "
+            "nats.js). Either may apt-get install libnats-dev and npm install nats@2 (off by "
+            "default: it installs software and needs the network)"
+        ),
+    )
+    bench.add_argument(
+        "--max-pending",
+        type=int,
+        default=None,
+        help=(
+            "publish only: PubAcks outstanding at once, every implementation (4000, nats.go's "
+            "default)"
         ),
     )
     bench.add_argument(
@@ -170,8 +184,14 @@ def _bench(args: argparse.Namespace) -> int:
             "range-read": 300_000,
             "windows": 1_000_000,
         }.get(args.what, 200_000)
-    if args.anchors and args.what != "consume":
-        print("headrace bench: --anchors applies to `bench consume` only", file=sys.stderr)
+    if args.anchors and args.what not in ("consume", "publish"):
+        print(
+            "headrace bench: --anchors applies to `bench consume` and `bench publish` only",
+            file=sys.stderr,
+        )
+        return 2
+    if args.max_pending is not None and args.what != "publish":
+        print("headrace bench: --max-pending applies to `bench publish` only", file=sys.stderr)
         return 2
     if args.anchor_window is not None and not args.anchors:
         print("headrace bench: --anchor-window needs --anchors", file=sys.stderr)
@@ -201,6 +221,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_range_read(args)
     if args.what == "windows":
         return _bench_windows(args)
+    if args.what == "publish":
+        return _bench_publish(args)
     if args.payload is None:
         args.payload = 128
     if args.what == "core":
@@ -353,6 +375,27 @@ def _bench_range_read(args: argparse.Namespace) -> int:
         return 2
     if any("error" in r for r in results):
         return 1
+    return 0
+
+
+def _bench_publish(args: argparse.Namespace) -> int:
+    from headrace.localserver import LocalServerError
+
+    from headrace_bench import consume, publish
+
+    try:
+        results = publish.run(
+            args.messages,
+            128 if args.payload is None else args.payload,
+            max_pending=args.max_pending or publish.MAX_PENDING,
+            anchors=args.anchors,
+            as_json=args.json,
+        )
+    except (LocalServerError, consume.BenchmarkError) as exc:
+        print(f"headrace bench: {exc}", file=sys.stderr)
+        return 2
+    if any(r["impl"].startswith("headrace") and "error" in r for r in results):
+        return 1  # headrace failed a check: no figure to trust
     return 0
 
 

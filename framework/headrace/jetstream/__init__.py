@@ -8,6 +8,18 @@ methods (ADR-15).
 
 from headrace.jetstream.ack_reply import AckMetadata, parse_ack_reply
 from headrace.jetstream.api import JetStreamAPI
+from headrace.jetstream.async_publish import (
+    AsyncPublisher,
+    AsyncPublisherClosed,
+    AsyncPublishFailed,
+    AsyncPublishStats,
+    PendingPubAck,
+    PubAckLost,
+    PubAckMissing,
+    PubAckTimeout,
+    PublishAbandoned,
+    PublishFailure,
+)
 from headrace.jetstream.atomic_batch import AtomicBatch, BatchAbandonedAdvisory
 from headrace.jetstream.bulk_publish import BulkPublishResult, publish_acked
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeEvent, ConsumeOptions
@@ -57,6 +69,7 @@ from headrace.jetstream.errors import (
     InvalidBatchId,
     InvalidConfigValue,
     InvalidConsumerReset,
+    InvalidMessageSchedule,
     InvalidMessageTTL,
     InvalidNameError,
     InvalidPauseUntil,
@@ -65,6 +78,9 @@ from headrace.jetstream.errors import (
     JetStreamNotEnabled,
     JetStreamUnavailable,
     MessageNotFound,
+    MessageScheduleError,
+    MessageSchedulesDisabled,
+    MessageSchedulesNotAllowed,
     MessageTooLarge,
     MessageTTLDisabled,
     NoStreamForSubject,
@@ -136,6 +152,7 @@ from headrace.jetstream.kv_update import (
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.message import JsMsg, ack_all
 from headrace.jetstream.ordered import OrderedSubscription
+from headrace.jetstream.ordered_pull import OrderedConsumer, OrderedConsumerConfig
 from headrace.jetstream.pause import ConsumerPause
 from headrace.jetstream.priority import PriorityGroupState, PriorityPolicy, PriorityPull
 from headrace.jetstream.pull_consumer import PullConsumer
@@ -144,6 +161,7 @@ from headrace.jetstream.pull_subscription import PullSubscription
 from headrace.jetstream.push import PushSubscription
 from headrace.jetstream.reset import ConsumerReset
 from headrace.jetstream.responses import AccountInfo, PubAck
+from headrace.jetstream.schedules import MessageSchedule, stop_headers
 from headrace.jetstream.stored_message import StoredMessage
 from headrace.jetstream.stream_config import (
     Compression,
@@ -162,12 +180,17 @@ from headrace.jetstream.stream_config import (
     StreamState,
     SubjectTransformConfig,
 )
+from headrace.jetstream.trace import ClientTrace
 
 __all__ = [
     "AccountInfo",
     "AckMetadata",
     "AckPolicy",
     "AckRefused",
+    "AsyncPublishFailed",
+    "AsyncPublishStats",
+    "AsyncPublisher",
+    "AsyncPublisherClosed",
     "AtomicBatch",
     "AtomicBatchDuplicateMessage",
     "AtomicBatchIncomplete",
@@ -189,6 +212,7 @@ __all__ = [
     "BucketExists",
     "BucketNotFound",
     "BulkPublishResult",
+    "ClientTrace",
     "CodecKeyValue",
     "Compression",
     "ConsumeBuffer",
@@ -226,6 +250,7 @@ __all__ = [
     "InvalidConfigValue",
     "InvalidConsumerReset",
     "InvalidKey",
+    "InvalidMessageSchedule",
     "InvalidMessageTTL",
     "InvalidNameError",
     "InvalidPauseUntil",
@@ -250,6 +275,10 @@ __all__ = [
     "KeyWatcher",
     "LimitMarkersNotSupported",
     "MessageNotFound",
+    "MessageSchedule",
+    "MessageScheduleError",
+    "MessageSchedulesDisabled",
+    "MessageSchedulesNotAllowed",
     "MessageTTLDisabled",
     "MessageTooLarge",
     "MessagesDropped",
@@ -257,8 +286,11 @@ __all__ = [
     "NoOpCodec",
     "NoStreamForSubject",
     "NotAJetStreamMessage",
+    "OrderedConsumer",
+    "OrderedConsumerConfig",
     "OrderedSubscription",
     "PathKeyCodec",
+    "PendingPubAck",
     "PersistMode",
     "PinGained",
     "PinLost",
@@ -273,6 +305,11 @@ __all__ = [
     "PriorityPull",
     "PriorityPullRefused",
     "PubAck",
+    "PubAckLost",
+    "PubAckMissing",
+    "PubAckTimeout",
+    "PublishAbandoned",
+    "PublishFailure",
     "PullConsumer",
     "PullRequest",
     "PullStatusError",
@@ -313,5 +350,6 @@ __all__ = [
     "key_value_buckets",
     "parse_ack_reply",
     "publish_acked",
+    "stop_headers",
     "update_key_value",
 ]

@@ -36,8 +36,6 @@ from headrace.jetstream.direct_batch import (
 from headrace.jetstream.direct_mux import DirectBatchMux
 from headrace.jetstream.errors import (
     InvalidConsumerReset,
-    InvalidMessageSchedule,
-    InvalidScheduleRollup,
     JetStreamUnavailable,
     MessageNotFound,
     NoStreamForSubject,
@@ -45,13 +43,14 @@ from headrace.jetstream.errors import (
     StreamNotFound,
     api_error,
 )
-from headrace.jetstream.msg_ttl import NATS_TTL, MessageTTL, ttl_header
+from headrace.jetstream.msg_ttl import MessageTTL
 from headrace.jetstream.names import agreed_name, check_consumer, check_stream
 from headrace.jetstream.pause import ConsumerPause, PauseUntil, pause_api, pause_deadline
 from headrace.jetstream.priority import check_group_name, unpin_api
+from headrace.jetstream.publish_headers import parse_pub_ack, publish_headers
 from headrace.jetstream.reset import ConsumerReset, reset_api, reset_body
 from headrace.jetstream.responses import AccountInfo, PubAck
-from headrace.jetstream.schedules import SCHEDULE_HEADER_PREFIX, MessageSchedule
+from headrace.jetstream.schedules import MessageSchedule
 from headrace.jetstream.stored_message import StoredMessage, from_direct_reply
 from headrace.jetstream.stream_config import StreamConfig, StreamInfo
 from headrace.jetstream.trace import ClientTrace
@@ -66,12 +65,6 @@ DEFAULT_API_PREFIX = "$JS.API"
 
 #: One encoder for request bodies (``json.dumps`` with separators makes a new one per call).
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
-
-
-def _headers(headers: Headers | Mapping[str, str | list[str]] | None) -> Headers:
-    if headers is None:
-        return Headers()
-    return headers.copy() if isinstance(headers, Headers) else Headers(headers)
 
 
 class JetStreamAPI:
@@ -445,37 +438,25 @@ class JetStreamAPI:
         Nobody answering is retried ``retry_attempts`` times, ``retry_wait`` seconds apart (as
         the Go client does): a stream just created, or electing a leader, answers a moment later.
         """
-        hdrs = _headers(headers)
-        if schedule is not None:
-            _add_schedule(hdrs, schedule, subject)
-        if expected_last_subject_seq_subject is not None:
-            if expected_last_subject_seq is None:
-                raise ValueError(
-                    "expected_last_subject_seq_subject goes with expected_last_subject_seq"
-                )
-            check_subject(
-                expected_last_subject_seq_subject,
-                wildcards=True,
-                what="expected_last_subject_seq_subject",
-            )
-        for name, value in (
-            ("Nats-Msg-Id", msg_id),
-            ("Nats-Expected-Stream", expected_stream),
-            ("Nats-Expected-Last-Sequence", expected_last_seq),
-            ("Nats-Expected-Last-Subject-Sequence", expected_last_subject_seq),
-            ("Nats-Expected-Last-Subject-Sequence-Subject", expected_last_subject_seq_subject),
-            ("Nats-Expected-Last-Msg-Id", expected_last_msg_id),
-            (NATS_TTL, None if ttl is None else ttl_header(ttl)),
-        ):
-            if value is not None:
-                hdrs.set(name, str(value))
+        hdrs = publish_headers(
+            headers,
+            msg_id=msg_id,
+            expected_stream=expected_stream,
+            expected_last_seq=expected_last_seq,
+            expected_last_subject_seq=expected_last_subject_seq,
+            expected_last_subject_seq_subject=expected_last_subject_seq_subject,
+            expected_last_msg_id=expected_last_msg_id,
+            ttl=ttl,
+            schedule=schedule,
+            subject=subject,
+        )
         attempt = 0
         while True:
             try:
                 msg = await self.nc.request(
                     subject,
                     data,
-                    headers=hdrs if len(hdrs) else None,
+                    headers=hdrs,
                     timeout=self.timeout if timeout is None else timeout,
                 )
                 break
@@ -484,15 +465,7 @@ class JetStreamAPI:
                     raise NoStreamForSubject(subject) from exc
                 attempt += 1
                 await trio.sleep(retry_wait)
-        try:
-            answer = json.loads(msg.data)
-        except ValueError as exc:
-            raise DecodeError(f"a stream answered a publish with {msg.data[:80]!r}") from exc
-        if not isinstance(answer, dict):
-            raise DecodeError(f"a stream answered a publish with {answer!r}")
-        if "error" in answer:
-            raise api_error(answer["error"])
-        return from_json(PubAck, answer)
+        return parse_pub_ack(msg.data)
 
     def atomic_batch(
         self,
@@ -735,23 +708,6 @@ class JetStreamAPI:
         check_stream("stream", stream)
         body = {"seq": seq, "no_erase": not erase}
         await self.api_request(f"STREAM.MSG.DELETE.{stream}", body)
-
-
-def _add_schedule(hdrs: Headers, schedule: MessageSchedule, subject: str) -> None:
-    """The schedule's headers on a publish, refusing the caller's that would clash (the
-    server would refuse them, or mix two schedules)."""
-    for name in hdrs:
-        if name.lower().startswith(SCHEDULE_HEADER_PREFIX.lower()):
-            raise InvalidMessageSchedule(
-                400, 10189, f"header {name!r} beside schedule=: give the schedule one way"
-            )
-    for rollup in hdrs.get_all("Nats-Rollup"):
-        if rollup != "sub":
-            raise InvalidScheduleRollup(
-                400, 10192, f"a schedule message's Nats-Rollup must be 'sub', not {rollup!r}"
-            )
-    for name, value in schedule.headers(subject).items():
-        hdrs.set(name, value)
 
 
 def _get_body(

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Protocol
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
 
 import trio
 
@@ -20,11 +20,20 @@ from headrace.actors.nursery import open_actor_nursery
 from headrace.errors import ConnectionClosedError, NatsError
 from headrace.jetstream.api import DEFAULT_API_PREFIX as DEFAULT_API_PREFIX
 from headrace.jetstream.api import JetStreamAPI
+from headrace.jetstream.async_publish import (
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_PENDING_BYTES,
+    DEFAULT_RETRY_ATTEMPTS,
+    DEFAULT_RETRY_WAIT,
+    AsyncPublisher,
+    open_async_publisher,
+)
 from headrace.jetstream.consumer_config import ConsumerConfig
 from headrace.jetstream.errors import JetStreamError, SubscribeError
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.names import check_consumer, check_stream
 from headrace.jetstream.ordered import OrderedSubscription
+from headrace.jetstream.ordered_pull import OrderedConsumer, OrderedConsumerConfig, ordered_consumer
 from headrace.jetstream.pull_consumer import PullConsumer
 from headrace.jetstream.pull_subscription import PullSubscription
 from headrace.jetstream.push import PushSubscription
@@ -39,6 +48,38 @@ class JetStream(JetStreamAPI):
     default time limit of each API call, in seconds. The API requests (streams, consumers,
     publish, stored messages) are :class:`JetStreamAPI`'s.
     """
+
+    def async_publisher(
+        self,
+        *,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        timeout: float | None = None,
+        retry_attempts: int = DEFAULT_RETRY_ATTEMPTS,
+        retry_wait: float = DEFAULT_RETRY_WAIT,
+    ) -> AbstractAsyncContextManager[AsyncPublisher]:
+        """Publish with many PubAcks in flight: ``async with js.async_publisher() as pub``,
+        then ``pending = await pub.publish(...)`` and, when wanted, ``await pending.ack()``
+        (:mod:`headrace.jetstream.async_publish`). At most ``max_pending`` PubAcks are
+        outstanding, for at most ``max_pending_bytes`` of messages (headers and payloads);
+        each must come within ``timeout`` seconds (default: this context's);
+        "no responders" is retried as :meth:`publish` does. Leaving the block waits for
+        every PubAck and raises :class:`AsyncPublishFailed` for failures nobody awaited."""
+        return open_async_publisher(
+            self.nc,
+            max_pending=max_pending,
+            max_pending_bytes=max_pending_bytes,
+            timeout=self.timeout if timeout is None else timeout,
+            retry_attempts=retry_attempts,
+            retry_wait=retry_wait,
+        )
+
+    async def ordered_consumer(
+        self, stream: str, config: OrderedConsumerConfig | None = None, **kwargs: Any
+    ) -> OrderedConsumer:
+        """A pull-based ordered consumer of ``stream``: fetch, fetch by bytes, no-wait fetch
+        and next, in stream order, exactly once (:mod:`headrace.jetstream.ordered_pull`)."""
+        return await ordered_consumer(self, stream, config, **kwargs)
 
     async def pull_consumer(self, stream: str, name: str) -> PullConsumer:
         """A handle on the existing pull consumer ``stream``/``name`` (ADR-37 getConsumer)."""

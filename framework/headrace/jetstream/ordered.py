@@ -2,10 +2,16 @@
 
 An ephemeral push consumer with flow control, heartbeats, no acks and one delivery per message.
 The subscription checks each delivery's consumer sequence (it must be the previous one plus
-one) and each heartbeat's ``Nats-Last-Consumer``. On a gap, or when heartbeats stop (the consumer
-may be gone: a server restart, a lost ephemeral), it drops the old consumer and creates a new one
-starting at the stream sequence after the last message it handed out, so the user sees neither a
-hole nor a repeat.
+one) and each heartbeat's ``Nats-Last-Consumer``. On a gap, when its consumer is deleted, or
+when heartbeats stop (the consumer may be gone: a server restart, a lost ephemeral), it drops
+the old consumer and creates a new one starting at the stream sequence after the last message
+it handed out, so the user sees neither a hole nor a repeat.
+
+A push consumer's deletion sends nothing to its deliver subject (a pull gets ``409 Consumer
+Deleted``), so the subscription also listens to the server's advisory for its consumer,
+``$JS.EVENT.ADVISORY.CONSUMER.DELETED.<stream>.<consumer>``: a deleted consumer is replaced at
+once, not after three missed heartbeats (15 s at the default heartbeat; issue 24). Where the
+user may not subscribe to advisories, the heartbeats still tell, later.
 
 Configuration checks (ADR-17), an error when violated: no durable name, no deliver subject, ack
 policy none (default), max_deliver 1 (default), flow control on (default), memory storage
@@ -51,6 +57,8 @@ if TYPE_CHECKING:
     from headrace.nats.subscription import Subscription
 
 DEFAULT_HEARTBEAT = 5.0
+#: The server's advisory of a consumer's deletion (``.<stream>.<consumer>`` follows).
+DELETED_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.DELETED"
 ORDERED_ACK_WAIT = 22 * 3600.0
 
 
@@ -124,6 +132,7 @@ class OrderedSubscription(PushSubscription):
         self.recreated = 0
         if self.heartbeat is not None:
             self.heartbeat._on_alarm = self._on_heartbeat_alarm
+        self._deleted_watch: Subscription | None = None
 
     @classmethod
     async def create(
@@ -148,7 +157,29 @@ class OrderedSubscription(PushSubscription):
             js, stream, info, subject=subject, config=cfg, heartbeat_factor=heartbeat_factor
         )
         ordered._attach(sub, inlet)
+        ordered._watch_deletion()
         return ordered
+
+    def _watch_deletion(self) -> None:
+        """Listen for the advisory of the current consumer's deletion (see the module docs)."""
+        name = self.consumer
+        subject = f"{DELETED_ADVISORY}.{self.stream}.{name}"
+
+        def deleted(batch: list[Msg]) -> None:  # (any message on it is the news)
+            if name == self.consumer and self._reset_reason is None:
+                self._reset_reason = "consumer deleted"
+                self._queue.interrupt()  # wake a waiting reader: it recreates the consumer
+
+        self._deleted_watch = self._nc.subscribe_nowait(subject, handler=deleted)
+
+    def _unwatch_deletion(self) -> None:
+        watch, self._deleted_watch = self._deleted_watch, None
+        if watch is not None and not watch.is_closed:
+            self._nc.unsubscribe_nowait(watch)
+
+    def _close(self) -> None:
+        self._unwatch_deletion()
+        super()._close()
 
     @staticmethod
     async def _make_consumer(
@@ -243,6 +274,7 @@ class OrderedSubscription(PushSubscription):
         """Replace the consumer, resuming after the last message handed out."""
         old_sub, old_name = self._sub, self.consumer
         self._generation += 1
+        self._unwatch_deletion()  # (deleting it ourselves below is no news)
         self._queue.discard()
         if old_sub is not None and not old_sub.is_closed:
             await old_sub.unsubscribe()
@@ -272,6 +304,7 @@ class OrderedSubscription(PushSubscription):
         self._last_consumer = 0
         self._reset_reason = None
         self._attach(sub, inlet)
+        self._watch_deletion()
         if self.heartbeat is not None:
             self.heartbeat.activity()
         self.recreated += 1

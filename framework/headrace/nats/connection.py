@@ -412,6 +412,16 @@ class Connection:
         if cmd is not None:
             self._out.append(cmd)
 
+    def unsubscribe_nowait(self, sub: Subscription) -> None:
+        """Unsubscribe at once, without a checkpoint (for code that cannot await: a
+        subscription's own cleanup). Nothing is sent once the connection is closed."""
+        if sub.is_closed:
+            return
+        cmd = self._session.unsubscribe(sub.sid)
+        sub._finish(None)
+        if cmd is not None and not self.is_closed:
+            self._out.append(cmd)
+
     def _forget(self, sub: Subscription) -> None:
         self._session.forget(sub.sid)
 
