@@ -110,7 +110,9 @@ async def test_many_in_flight_stored_once_in_order(nats_server, natspy):
             async with js.async_publisher(max_pending=1000) as pub:
                 for i in range(n):
                     pendings.append(await pub.publish(subjects[i % 4], b"%d" % i))
-                assert pub.stats.peak_pending == 1000
+                # The bound holds; how near it comes depends on how fast the server answers
+                # (a loaded full run peaked at 768: the acks kept up).
+                assert 1 < pub.stats.peak_pending <= 1000
             # Leaving the block waited for every PubAck: all are in, none failed.
         stats = pub.stats
         assert (stats.sent, stats.acked, stats.failed, stats.pending) == (n, n, 0, 0)
