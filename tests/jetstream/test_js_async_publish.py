@@ -22,6 +22,7 @@ from headrace.jetstream import (
     AsyncPublisherClosed,
     AsyncPublishFailed,
     JetStream,
+    MessageSchedule,
     NoStreamForSubject,
     PendingPubAck,
     PubAckLost,
@@ -568,3 +569,31 @@ async def test_replicated_stream_on_a_cluster(nats_cluster, natspy):
         assert (pub.stats.acked, pub.stats.failed) == (n, 0)
     stored = await _stored(natspy, nats_cluster.urls[2], "R", "r.>")
     assert sorted(int(data) for _, _, data in stored) == list(range(n))
+
+
+async def test_the_publish_options_of_the_sync_publish(nats_server):
+    """The asynchronous publish takes the options the synchronous one does, built by the same
+    code: a condition on other subjects' last sequence, and a schedule."""
+    async with connect(nats_server.url) as nc:
+        js = JetStream(nc)
+        subjects = ["acct.>", "sched.>", "out.>"]
+        await js.add_stream(StreamConfig(name="O", subjects=subjects, allow_msg_schedules=True))
+        first = await js.publish("acct.1.a", b"1")
+        with trio.fail_after(10):
+            async with js.async_publisher() as pub:
+                ok = await pub.publish(
+                    "acct.1.b", b"2", expected_last_subject_seq=first.seq,
+                    expected_last_subject_seq_subject="acct.1.>",
+                )  # fmt: skip
+                assert (await ok.ack()).seq == 2
+                stale = await pub.publish(
+                    "acct.1.c", b"3", expected_last_subject_seq=first.seq,
+                    expected_last_subject_seq_subject="acct.1.>",
+                )  # fmt: skip
+                with pytest.raises(WrongLastSequence):
+                    await stale.ack()
+                every = MessageSchedule.every(60, target="out.tick")
+                scheduled = await pub.publish("sched.tick", b"tick", schedule=every)
+                await scheduled.ack()
+        stored = await js.get_msg("O", last_by_subject="sched.tick")
+        assert stored.headers is not None and stored.headers.get("Nats-Schedule") == every.pattern

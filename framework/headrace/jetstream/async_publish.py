@@ -86,6 +86,7 @@ from headrace.jetstream.errors import JetStreamError, NoStreamForSubject
 from headrace.jetstream.msg_ttl import MessageTTL
 from headrace.jetstream.publish_headers import parse_pub_ack, publish_headers
 from headrace.jetstream.responses import PubAck
+from headrace.jetstream.schedules import MessageSchedule
 from headrace.nats.connection import Connection
 from headrace.nats.events import (
     Closed,
@@ -430,8 +431,10 @@ class AsyncPublisher:
         expected_stream: str | None = None,
         expected_last_seq: int | None = None,
         expected_last_subject_seq: int | None = None,
+        expected_last_subject_seq_subject: str | None = None,
         expected_last_msg_id: str | None = None,
         ttl: MessageTTL | None = None,
+        schedule: MessageSchedule | None = None,
     ) -> PendingPubAck:
         """Publish to a stream; return once the message is queued for the socket, waiting
         first while ``max_pending`` PubAcks (or ``max_pending_bytes`` of messages) are
@@ -461,6 +464,8 @@ class AsyncPublisher:
             and expected_last_subject_seq is None
             and expected_last_msg_id is None
             and ttl is None
+            and expected_last_subject_seq_subject is None
+            and schedule is None
         ):
             hdrs = block = None
             size = len(data)
@@ -471,8 +476,11 @@ class AsyncPublisher:
                 expected_stream=expected_stream,
                 expected_last_seq=expected_last_seq,
                 expected_last_subject_seq=expected_last_subject_seq,
+                expected_last_subject_seq_subject=expected_last_subject_seq_subject,
                 expected_last_msg_id=expected_last_msg_id,
                 ttl=ttl,
+                schedule=schedule,
+                subject=subject,
             )
             block = None if hdrs is None else encode_header_block(hdrs)
             size = len(data) if block is None else len(block) + len(data)
