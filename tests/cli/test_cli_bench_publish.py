@@ -39,6 +39,7 @@ def test_bench_publish_options_elsewhere_are_refused(argv: list[str], complaint:
     assert complaint in done.stderr
 
 
+@pytest.mark.slow  # every peer, end to end
 def test_bench_publish_json_runs() -> None:
     """A tiny run: a line per implementation, each checked against the stream (no ``error``),
     or skipped with its reason (the peers need libnats-dev, node and npm's nats)."""

@@ -44,13 +44,13 @@ async def test_fetch_by_count_bytes_no_wait_and_next_read_everything_once(
             assert msg is not None
             got.append(int(msg.data))
             while len(got) < 30:
-                got += _data(await oc.fetch(10, expires=2))
+                got += _data(await oc.fetch(min(10, 30 - len(got)), expires=2))
             assert got == list(range(30))
             # Nothing left: a no-wait fetch answers at once, next() gives None after expires.
             started = trio.current_time()
             assert await oc.fetch(5, no_wait=True) == []
             assert trio.current_time() - started < 1.0
-            assert await oc.next(expires=1) is None
+            assert await oc.next(expires=0.5) is None
         assert oc.resets == [] and oc.serial == 1
         await oc.delete()
         assert await js.consumer_names("S") == []
@@ -64,9 +64,11 @@ async def test_filtered_from_a_sequence(nats_server: Any) -> None:
             filter_subjects=["s.1", "s.2"], deliver_policy="by_start_sequence", opt_start_seq=5
         )
         oc = await js.ordered_consumer("S", config)
+        expected = [i for i in range(4, 12) if i % 3 in (1, 2)]
         with trio.fail_after(10):
-            got = _data(await oc.fetch(20, expires=1))
-        assert got == [i for i in range(4, 12) if i % 3 in (1, 2)]
+            got = _data(await oc.fetch(len(expected), expires=5))
+            assert await oc.fetch(5, no_wait=True) == []  # and nothing else
+        assert got == expected
 
 
 async def test_a_deleted_consumer_is_noticed_at_once_and_replaced(

@@ -669,6 +669,7 @@ async def test_standby_worker_takes_over_from_a_killed_pinned_worker(nats_server
             assert took >= PIN_TIMEOUT * 0.5, took
 
 
+@pytest.mark.slow  # idle for three pin lifetimes
 async def test_a_pin_of_one_second_or_less_is_consumable(nats_server, natspy):
     """Issue 24: ``expires`` had to be at least 1 s and below the pin's timeout, so a
     pinned_client consumer whose pin lasts 1 s or less could not be consumed at all. Such a

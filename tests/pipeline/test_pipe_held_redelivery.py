@@ -15,6 +15,7 @@ import collections
 import time
 from typing import Any
 
+import pytest
 import trio
 from headrace.jetstream import ConsumerConfig
 from headrace.pipeline import Batch, BatchPolicy, SinkRetry
@@ -51,6 +52,7 @@ class StallingSink(MemorySink):
         await super().write_batch(batch)
 
 
+@pytest.mark.slow  # a loop held up for 1.5 s, then two retries
 async def test_redeliveries_of_held_messages_are_not_taken_again(
     nats_server: Any, natspy: Any
 ) -> None:
