@@ -50,7 +50,6 @@ LAYERS: dict[str, int] = {
     "shutdown": 7,  # runs pipelines
     "cli": 8,
     "testing": 8,  # headrace.testing and its pytest plugin: runs pipelines, like cli
-    "benchmarks": 8,
     "__main__": 9,
     "": 9,  # headrace/__init__.py, the front door, re-exports every layer
 }

@@ -88,20 +88,13 @@ def test_orders_are_json_of_the_announced_size() -> None:
         assert 100 <= len(body) <= 200
 
 
-def test_the_old_import_path_warns_and_still_works() -> None:
-    probe = (
-        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-        "try:\n    import headrace.benchmarks\nexcept DeprecationWarning as w:\n    print(w)\n"
-        "warnings.simplefilter('ignore')\n"
-        "from headrace.benchmarks import consume; import headrace_bench.consume as moved\n"
-        "print(consume is moved)"
-    )
+def test_the_benchmarks_are_no_part_of_the_headrace_package() -> None:
+    """``headrace.benchmarks`` was a deprecated alias of ``headrace_bench``: gone (issue 25)."""
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
-    warning, same = done.stdout.splitlines()
-    assert "headrace.benchmarks moved to headrace_bench" in warning
-    assert same == "True"
+        [sys.executable, "-c", "import headrace.benchmarks"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "No module named 'headrace.benchmarks'" in done.stderr
 
 
 @pytest.mark.slow

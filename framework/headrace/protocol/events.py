@@ -7,7 +7,6 @@ headers pays nothing for them.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -246,19 +245,3 @@ Event = Msg | Info | Ping | Pong | Ok | Err
 PING_EVENT = Ping()
 PONG_EVENT = Pong()
 OK_EVENT = Ok()
-
-_RENAMED = {"PING": "PING_EVENT", "PONG": "PONG_EVENT", "OK": "OK_EVENT"}
-
-
-def __getattr__(name: str) -> object:
-    """The old names of the shared events, with a warning (they clashed with the commands)."""
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"headrace.protocol.events.{name} is now {new}; headrace.protocol.{name} is the "
-        "command's bytes",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return globals()[new]
