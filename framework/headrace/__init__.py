@@ -19,15 +19,12 @@ needs no other import. The rest is in the sub-packages, each with its own ``__al
 internal (docs/architecture.md, "Public and internal").
 
 The pipeline and sink names are loaded on first use, so ``import headrace`` (and so
-``headrace --help``) does not pay for the pipeline runtime. The names this module exported
-before issue 12 and no longer lists still work, with a ``DeprecationWarning`` naming the
-sub-package to import them from.
+``headrace --help``) does not pay for the pipeline runtime.
 """
 
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from headrace._version import __version__
@@ -192,71 +189,6 @@ _LAZY: dict[str, str] = {
     "count": "headrace.state",
 }
 
-#: Exported here before issue 12; now only from their sub-package (deprecated here).
-_MOVED: dict[str, str] = {
-    "AccountInfo": "headrace.jetstream",
-    "AckMetadata": "headrace.jetstream",
-    "AckPolicy": "headrace.jetstream",
-    "Closed": "headrace.nats",
-    "Compression": "headrace.jetstream",
-    "Connected": "headrace.nats",
-    "ConnectionEvent": "headrace.nats",
-    "ConsumeBuffer": "headrace.jetstream",
-    "ConsumeEvent": "headrace.jetstream",
-    "ConsumeOptions": "headrace.jetstream",
-    "ConsumerDeleteFailed": "headrace.jetstream",
-    "ConsumerInfo": "headrace.jetstream",
-    "ConsumerRecreated": "headrace.jetstream",
-    "Credentials": "headrace.nats",
-    "DeletePolicy": "headrace.jetstream",
-    "DeliverPolicy": "headrace.jetstream",
-    "DiscardPolicy": "headrace.jetstream",
-    "Disconnected": "headrace.nats",
-    "EventWatcher": "headrace.nats",
-    "FlowControlAnswered": "headrace.jetstream",
-    "GapDetected": "headrace.jetstream",
-    "HeartbeatsMissed": "headrace.jetstream",
-    "JetStreamEvent": "headrace.jetstream",
-    "KeyValue": "headrace.jetstream",
-    "KeyValueConfig": "headrace.jetstream",
-    "KeyValueEntry": "headrace.jetstream",
-    "KeyValueOperation": "headrace.jetstream",
-    "KeyValueStatus": "headrace.jetstream",
-    "KeyWatcher": "headrace.jetstream",
-    "LameDuck": "headrace.nats",
-    "MessagesDropped": "headrace.jetstream",
-    "OrderedSubscription": "headrace.jetstream",
-    "PubAck": "headrace.jetstream",
-    "PullConsumer": "headrace.jetstream",
-    "PullRequest": "headrace.jetstream",
-    "PullSubscription": "headrace.jetstream",
-    "PullWarning": "headrace.jetstream",
-    "PushSubscription": "headrace.jetstream",
-    "Reconnected": "headrace.nats",
-    "ReplayPolicy": "headrace.jetstream",
-    "RetentionPolicy": "headrace.jetstream",
-    "SequenceInfo": "headrace.jetstream",
-    "ServerAddress": "headrace.nats",
-    "ServerErrorEvent": "headrace.nats",
-    "ServerInfo": "headrace.protocol",
-    "ServersDiscovered": "headrace.nats",
-    "SlowConsumer": "headrace.nats",
-    "SlowConsumerPolicy": "headrace.nats",
-    "Statistics": "headrace.nats",
-    "Status": "headrace.nats",
-    "StorageType": "headrace.jetstream",
-    "StoredMessage": "headrace.jetstream",
-    "StreamInfo": "headrace.jetstream",
-    "StreamState": "headrace.jetstream",
-    "Subscription": "headrace.nats",
-    "TLSConfig": "headrace.nats",
-    "ack_all": "headrace.jetstream",
-    "create_key_value": "headrace.jetstream",
-    "delete_key_value": "headrace.jetstream",
-    "key_value": "headrace.jetstream",
-    "parse_ack_reply": "headrace.jetstream",
-}
-
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
@@ -264,14 +196,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value  # the next lookup is a plain one
         return value
-    module = _MOVED.get(name)
-    if module is not None:
-        warnings.warn(
-            f"headrace.{name} is deprecated: import it from {module}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'headrace' has no attribute {name!r}")
 
 
