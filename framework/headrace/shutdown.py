@@ -52,7 +52,6 @@ import attrs
 import trio
 
 from headrace._run_registry import RUNS
-from headrace._run_registry import track_run as track_run
 
 if TYPE_CHECKING:
     from headrace.pipeline.runtime import PipelineRun
@@ -249,8 +248,7 @@ class SignalCatcher:
 
 # -- which pipelines a hard stop stops ------------------------------------------------------
 
-# The registry lives in headrace._run_registry (below pipeline/, which registers every run);
-# ``track_run`` is still importable from here.
+# The registry lives in headrace._run_registry (below pipeline/, which registers every run).
 _RUNS = RUNS
 
 

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+from headrace._trio import EventHub
 from headrace.jetstream import ConsumerDeleteFailed, JetStream
 from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.lifecycle import ConsumerLifecycle, DeletePolicy
 from headrace.nats import Connection, connect
-from headrace.nats.events import EventHub
 from waiting import next_event
 
 PREFIX = "garbled.API"

@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from headrace._trio import EventWatcher
 from headrace.cli.failures import PER_KEY_INTERVAL, EventLimiter
 from headrace.nats.connection import Connection
 from headrace.nats.events import (
     Closed,
     ConnectionEvent,
     Disconnected,
-    EventWatcher,
     LameDuck,
     Reconnected,
     ServerErrorEvent,

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import trio
 
+from headrace._trio import EventHub, EventWatcher
 from headrace._validators import at_least_one_or_none
 from headrace.actors.actor import Actor, ActorState
 from headrace.errors import NatsError, PermissionViolation, SubscriptionClosedError
@@ -90,14 +91,10 @@ from headrace.jetstream.pull_flow import (
 )
 
 # Re-exported: they were defined here before the pull flow had a module of its own.
-from headrace.jetstream.pull_flow import NO_RESPONDERS_RETRY as NO_RESPONDERS_RETRY
-from headrace.jetstream.pull_flow import WARNING_RETRY as WARNING_RETRY
 from headrace.jetstream.pull_status import pending_counts
 from headrace.nats.events import (
     Connected,
     Disconnected,
-    EventHub,
-    EventWatcher,
     Reconnected,
     forward_until_closed,
 )

@@ -18,7 +18,6 @@ import trio
 
 from headrace.actors.nursery import open_actor_nursery
 from headrace.errors import ConnectionClosedError, NatsError
-from headrace.jetstream.api import DEFAULT_API_PREFIX as DEFAULT_API_PREFIX
 from headrace.jetstream.api import JetStreamAPI
 from headrace.jetstream.async_publish import (
     DEFAULT_MAX_PENDING,

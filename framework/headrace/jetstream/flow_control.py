@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import attrs
 
+from headrace._trio import EventHub
 from headrace.actors.actor import Actor
 from headrace.jetstream.events import FlowControlAnswered, JetStreamEvent
 from headrace.nats.connection import Connection
-from headrace.nats.events import EventHub
 
 
 @attrs.frozen(slots=True)

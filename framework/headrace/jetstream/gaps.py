@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import attrs
 
+from headrace._trio import EventHub
 from headrace.actors.actor import Actor
 from headrace.jetstream.events import GapDetected, JetStreamEvent
-from headrace.nats.events import EventHub
 
 
 @attrs.frozen(slots=True)

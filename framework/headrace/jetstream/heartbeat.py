@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 import trio
 
+from headrace._trio import EventHub
 from headrace.actors.actor import Actor
 from headrace.jetstream.events import HeartbeatsMissed, JetStreamEvent
 from headrace.nats.connection import Connection
 from headrace.nats.events import (
     Connected,
     Disconnected,
-    EventHub,
     Reconnected,
     forward_until_closed,
 )

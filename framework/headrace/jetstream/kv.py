@@ -48,9 +48,10 @@ from typing import Any
 import attrs
 
 from headrace.errors import InvalidSubjectError
+from headrace.jetstream.api import DEFAULT_API_PREFIX
 from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.consumer_config import ConsumerConfig, DeliverPolicy
-from headrace.jetstream.context import DEFAULT_API_PREFIX, JetStream
+from headrace.jetstream.context import JetStream
 from headrace.jetstream.direct_batch import MAX_MULTI_SUBJECTS, MultiLastGet
 from headrace.jetstream.errors import (
     InvalidConfigValue,

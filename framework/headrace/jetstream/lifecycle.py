@@ -32,14 +32,13 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from headrace._trio import either
+from headrace._trio import EventHub, either
 from headrace.actors.actor import Actor, ActorState
 from headrace.errors import NatsError
 from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.errors import ConsumerNotFound, JetStreamError
 from headrace.jetstream.events import ConsumerDeleteFailed, JetStreamEvent
 from headrace.jetstream.message import OutstandingAcks
-from headrace.nats.events import EventHub
 
 if TYPE_CHECKING:
     from headrace.jetstream.api import JetStreamAPI

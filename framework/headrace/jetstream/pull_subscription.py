@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from headrace._trio import EventHub, EventWatcher
 from headrace.actors.actor import Actor
 from headrace.errors import SubscriptionClosedError
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeOptions
@@ -27,7 +28,6 @@ from headrace.jetstream.events import JetStreamEvent
 from headrace.jetstream.lifecycle import ConsumerLifecycle, DeletePolicy
 from headrace.jetstream.message import JsMsg, OutstandingAcks
 from headrace.jetstream.pull_consumer import PullConsumer
-from headrace.nats.events import EventHub, EventWatcher
 
 if TYPE_CHECKING:
     from headrace.jetstream.api import JetStreamAPI

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from headrace._trio import EventHub, EventWatcher
 from headrace.actors.actor import Actor
 from headrace.errors import PermissionViolation, SubscriptionClosedError
 from headrace.jetstream.ack_reply import parse_ack_reply
@@ -41,7 +42,7 @@ from headrace.jetstream.heartbeat import ALARM_FACTOR, HeartbeatMonitor
 from headrace.jetstream.lifecycle import ConsumerLifecycle, DeletePolicy
 from headrace.jetstream.message import JsMsg, OutstandingAcks
 from headrace.nats.delivery import DeliveryQueue, SlowConsumerPolicy
-from headrace.nats.events import EventHub, EventWatcher, forward_until_closed
+from headrace.nats.events import forward_until_closed
 from headrace.protocol.events import Msg
 
 if TYPE_CHECKING:

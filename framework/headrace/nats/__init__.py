@@ -4,6 +4,7 @@ What ``__all__`` lists is the public API; the modules under this package are int
 change (docs/architecture.md, "Public and internal").
 """
 
+from headrace._trio import EventWatcher
 from headrace.nats.auth import Credentials
 from headrace.nats.connection import Connection, connect
 from headrace.nats.delivery import SlowConsumerPolicy
@@ -12,7 +13,6 @@ from headrace.nats.events import (
     Connected,
     ConnectionEvent,
     Disconnected,
-    EventWatcher,
     LameDuck,
     Reconnected,
     ServerErrorEvent,

@@ -40,7 +40,7 @@ from typing import Any
 
 import trio
 
-from headrace._trio import BodyError
+from headrace._trio import BodyError, EventHub, EventWatcher
 from headrace._version import __version__
 from headrace.errors import (
     ConnectionClosedError,
@@ -61,8 +61,6 @@ from headrace.nats.events import (
     Connected,
     ConnectionEvent,
     Disconnected,
-    EventHub,
-    EventWatcher,
     LameDuck,
     Reconnected,
     ServerErrorEvent,

@@ -20,9 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import attrs
 
-# The hub is generic (headrace._trio); its old home here keeps working.
-from headrace._trio import EventHub as EventHub
-from headrace._trio import EventWatcher as EventWatcher
+from headrace._trio import EventWatcher
 from headrace.nats.servers import ServerAddress
 
 

@@ -28,9 +28,10 @@ from headrace.pipeline.batch import Batch, BatchPolicy
 from headrace.pipeline.caught_up import CatchUpMark, CatchUpTimeout, NotCaughtUp
 from headrace.pipeline.errors import PipelineEnded
 from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
-from headrace.pipeline.graph import Node, Pipeline, PipelineError, run_until_caught_up
+from headrace.pipeline.graph import Pipeline, PipelineError, run_until_caught_up
 from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.lookup import LookupMissing, LookupSpec
+from headrace.pipeline.nodes import Node
 from headrace.pipeline.partitioning import Partitioning
 from headrace.pipeline.partitions import PartitionRuns, partition_graph, run_partitioned
 from headrace.pipeline.publish_guard import DeadLetterRefused
