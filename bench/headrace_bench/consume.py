@@ -512,6 +512,27 @@ def _last_line(text: str) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
+def _libnats_headers(*, install: bool) -> str | None:
+    """None once libnats' headers are there (installed with apt-get if ``install``), else
+    why they are not: the reason a libnats peer is skipped (shared by the benchmarks that
+    build one)."""
+    if Path("/usr/include/nats/nats.h").exists():
+        return None
+    if not install:
+        return "libnats-dev not installed (--anchors installs it)"
+    apt = shutil.which("apt-get")
+    if apt is None:
+        return "no /usr/include/nats/nats.h and no apt-get"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    done = _quiet([apt, "install", "-y", "libnats-dev"], 600, env=env)
+    if done.returncode != 0:
+        _quiet([apt, "update"], 600, env=env)
+        done = _quiet([apt, "install", "-y", "libnats-dev"], 600, env=env)
+    if done.returncode != 0:
+        return f"libnats-dev not installable: {_last_line(done.stderr or done.stdout)}"
+    return None
+
+
 def _prepare_libnats(anchors: Path, work: Path) -> _Peer:
     source = anchors / "libnats_fetch.c"
     if not source.is_file():
@@ -519,18 +540,9 @@ def _prepare_libnats(anchors: Path, work: Path) -> _Peer:
     gcc = shutil.which("gcc")
     if gcc is None:
         return _Peer("libnats", skipped="no gcc")
-    if not Path("/usr/include/nats/nats.h").exists():
-        apt = shutil.which("apt-get")
-        if apt is None:
-            return _Peer("libnats", skipped="no /usr/include/nats/nats.h and no apt-get")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        done = _quiet([apt, "install", "-y", "libnats-dev"], 600, env=env)
-        if done.returncode != 0:
-            _quiet([apt, "update"], 600, env=env)
-            done = _quiet([apt, "install", "-y", "libnats-dev"], 600, env=env)
-        if done.returncode != 0:
-            reason = _last_line(done.stderr or done.stdout)
-            return _Peer("libnats", skipped=f"libnats-dev not installable: {reason}")
+    missing = _libnats_headers(install=True)
+    if missing is not None:
+        return _Peer("libnats", skipped=missing)
     binary = work / "libnats_fetch"
     built = _quiet([gcc, "-O2", str(source), "-o", str(binary), "-lnats"], 300)
     if built.returncode != 0:

@@ -60,6 +60,7 @@ from headrace_bench.consume import (
     _failure,
     _last_json,
     _last_line,
+    _libnats_headers,
     _peak_rss_mb,
     _Peer,
     _quiet,
@@ -313,20 +314,9 @@ def _prepare_libnats(work: Path, install: bool) -> _Peer:
     gcc = shutil.which("gcc")
     if gcc is None:
         return _Peer("libnats", skipped="no gcc")
-    if not Path("/usr/include/nats/nats.h").exists():
-        apt = shutil.which("apt-get")
-        if not install:
-            return _Peer("libnats", skipped="libnats-dev not installed (--anchors installs it)")
-        if apt is None:
-            return _Peer("libnats", skipped="no /usr/include/nats/nats.h and no apt-get")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        done = _quiet([apt, "install", "-y", "libnats-dev"], 600, env=env)
-        if done.returncode != 0:
-            _quiet([apt, "update"], 600, env=env)
-            done = _quiet([apt, "install", "-y", "libnats-dev"], 600, env=env)
-        if done.returncode != 0:
-            reason = _last_line(done.stderr or done.stdout)
-            return _Peer("libnats", skipped=f"libnats-dev not installable: {reason}")
+    missing = _libnats_headers(install=install)
+    if missing is not None:
+        return _Peer("libnats", skipped=missing)
     source = work / "libnats_publish.c"
     source.write_text(LIBNATS_SOURCE)
     binary = work / "libnats_publish"
