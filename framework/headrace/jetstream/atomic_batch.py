@@ -41,9 +41,9 @@ from headrace.jetstream.errors import (
     InvalidBatchId,
     JetStreamAPIError,
     NoStreamForSubject,
-    api_error,
 )
-from headrace.jetstream.msg_ttl import NATS_TTL, MessageTTL, ttl_header
+from headrace.jetstream.msg_ttl import MessageTTL
+from headrace.jetstream.publish_headers import parse_pub_ack, publish_headers
 from headrace.jetstream.responses import PubAck
 from headrace.nats.connection import Connection
 from headrace.protocol.commands import check_subject
@@ -138,10 +138,17 @@ def _prepare(
     check_subject(subject)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"a batch message's data must be bytes, not {type(data).__name__}")
-    if headers is None:
-        hdrs = Headers()
-    else:
-        hdrs = headers.copy() if isinstance(headers, Headers) else Headers(headers)
+    hdrs = (
+        publish_headers(
+            headers,
+            msg_id=msg_id,
+            expected_stream=expected_stream,
+            expected_last_seq=expected_last_seq,
+            expected_last_subject_seq=expected_last_subject_seq,
+            ttl=ttl,
+        )
+        or Headers()
+    )
     for name in hdrs:
         if name.lower().startswith(_OWN_PREFIX):
             raise AtomicBatchUsageError(
@@ -151,29 +158,7 @@ def _prepare(
             raise AtomicUnsupportedHeader(
                 400, 10177, f"atomic publish unsupported header used: {name} (refused by ADR-50)"
             )
-    for name, value in (
-        ("Nats-Msg-Id", msg_id),
-        ("Nats-Expected-Stream", expected_stream),
-        ("Nats-Expected-Last-Sequence", expected_last_seq),
-        ("Nats-Expected-Last-Subject-Sequence", expected_last_subject_seq),
-        (NATS_TTL, None if ttl is None else ttl_header(ttl)),
-    ):
-        if value is not None:
-            hdrs.set(name, str(value))
     return _Prepared(subject=subject, data=bytes(data), headers=hdrs)
-
-
-def _pub_ack(data: bytes) -> PubAck:
-    """The PubAck in a non-empty answer, or the typed refusal it carries."""
-    try:
-        answer = json.loads(data)
-    except ValueError as exc:
-        raise DecodeError(f"a stream answered a batch message with {data[:80]!r}") from exc
-    if not isinstance(answer, dict):
-        raise DecodeError(f"a stream answered a batch message with {answer!r}")
-    if "error" in answer:
-        raise api_error(answer["error"])
-    return from_json(PubAck, answer)
 
 
 class AtomicBatch:
@@ -343,7 +328,7 @@ class AtomicBatch:
             else:
                 await self._nc.publish(prepared.subject, prepared.data, headers=hdrs)
                 data = b""
-            ack = _pub_ack(data) if data else None
+            ack = parse_pub_ack(data) if data else None
         except (JetStreamAPIError, NoStreamForSubject):
             self._ended = "refused"
             raise
