@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from headrace.jetstream import JetStream, StreamConfig, StreamNotFound
 from headrace.jetstream.message import JsMsg
 from headrace.jetstream.ordered_pull import OrderedConsumer, OrderedConsumerConfig
@@ -83,7 +84,7 @@ async def test_a_deleted_consumer_is_noticed_at_once_and_replaced(
             assert _data(await oc.fetch(3, expires=2)) == [0, 1, 2]
 
         async def delete_then_publish() -> None:
-            await trio.sleep(0.5)  # (the fetch below is waiting by then: a deliberate moment)
+            await trio.testing.wait_all_tasks_blocked()  # the fetch below is waiting
             peer = natspy.nc.jetstream()
             await natspy.call(peer.delete_consumer, "S", "rd_1")
             for i in (3, 4):

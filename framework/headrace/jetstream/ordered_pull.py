@@ -17,6 +17,7 @@ operator can tell them apart in ``consumer ls``; the prefix is random unless giv
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -58,10 +59,12 @@ class OrderedConsumerConfig:
     ``inactive_threshold``."""
 
     filter_subjects: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    deliver_policy: DeliverPolicy = DeliverPolicy.ALL
+    deliver_policy: DeliverPolicy = attrs.field(default=DeliverPolicy.ALL, converter=DeliverPolicy)
     opt_start_seq: int | None = None
-    opt_start_time: Any = None
-    replay_policy: ReplayPolicy | None = None
+    opt_start_time: dt.datetime | None = None
+    replay_policy: ReplayPolicy | None = attrs.field(
+        default=None, converter=attrs.converters.optional(ReplayPolicy)
+    )
     headers_only: bool | None = None
     inactive_threshold: float = DEFAULT_INACTIVE_THRESHOLD
     name_prefix: str | None = attrs.field(default=None)
@@ -162,9 +165,7 @@ class OrderedConsumer:
             ordered = self._in_order(got)
             if ordered is not None:
                 return ordered
-            resets = await self._replace(
-                f"gap: consumer sequence after {self._last_consumer_seq}", resets
-            )
+            resets = await self._replace(self._gap(got[0].metadata.consumer_seq), resets)
             # (What came before the gap was handed out: the new consumer starts after it.)
 
     def _in_order(self, got: list[JsMsg]) -> list[JsMsg] | None:
@@ -175,14 +176,15 @@ class OrderedConsumer:
             meta = msg.metadata
             if meta.consumer_seq != self._last_consumer_seq + 1 or meta.num_delivered != 1:
                 if out:
-                    self._stale = f"gap: consumer sequence {meta.consumer_seq} after " + str(
-                        self._last_consumer_seq
-                    )
+                    self._stale = self._gap(meta.consumer_seq)
                 return out or None
             self._last_consumer_seq = meta.consumer_seq
             self.last_stream_seq = meta.stream_seq
             out.append(msg)
         return out
+
+    def _gap(self, consumer_seq: int) -> str:
+        return f"gap: consumer sequence {consumer_seq} after {self._last_consumer_seq}"
 
     async def _replace(self, reason: str, resets: int) -> int:
         resets += 1
