@@ -81,8 +81,7 @@ async def _run_headrace(
         Subscription,
         SubscriptionGroup,
     )
-    from headrace.jetstream import JetStream
-    from headrace.jetstream.kv import KeyValueConfig, create_key_value
+    from headrace.jetstream import JetStream, KeyValueConfig, create_key_value
     from headrace.nats import connect
 
     handled = 0

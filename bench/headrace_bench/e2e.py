@@ -53,7 +53,7 @@ from typing import Any
 
 import trio
 from headrace.localserver import LocalServer
-from headrace.pipeline.gc_tuning import tune_gc
+from headrace.pipeline import tune_gc
 
 from headrace_bench.consume import (
     BenchmarkError,
@@ -160,7 +160,7 @@ async def _load(url: str, n: int) -> dict[str, Any]:
 
 
 def _start_spark(master: str) -> tuple[Any, float]:
-    from headrace_spark.session import start_session
+    from headrace_spark import start_session
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     started = time.perf_counter()
@@ -199,8 +199,7 @@ def _warm_up(spark: Any, where: Path, rows: int = WARMUP_ROWS) -> float:
     from Arrow batches, and from a parquet file Arrow staged) and the Row path (the naive
     loop's), so that none pays the JVM's first-use costs."""
     import pyarrow as pa
-    from headrace_spark.schema import HEADERS_TYPE, METADATA_SCHEMA
-    from headrace_spark.staged_input import staged_frame
+    from headrace_spark import HEADERS_TYPE, METADATA_SCHEMA, staged_frame
     from pyspark.sql import Row
 
     started = time.perf_counter()

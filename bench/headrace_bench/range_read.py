@@ -123,7 +123,7 @@ class _Rows:
 
     def __init__(self, fetch: int) -> None:
         import pyarrow as pa
-        from headrace_spark.datasource.reading import ARROW_SCHEMA
+        from headrace_spark.datasource import ARROW_SCHEMA
 
         self.pa = pa
         self.schema = ARROW_SCHEMA
@@ -166,7 +166,8 @@ class _Rows:
 async def _direct(url: str, n: int, fetch: int) -> dict[str, Any]:
     from headrace.jetstream import JetStream
     from headrace.nats import connect
-    from headrace_spark.datasource.reading import _micros, user_headers
+    from headrace.state import to_micros
+    from headrace_spark.datasource import user_headers
 
     seqs = _Seqs()
     rows = _Rows(fetch)
@@ -188,7 +189,7 @@ async def _direct(url: str, n: int, fetch: int) -> dict[str, Any]:
                     stored.data,
                     user_headers(stored.headers),
                     stored.seq,
-                    None if when is None else _micros(when),
+                    None if when is None else to_micros(when),
                 )
                 if stored.seq != expected:
                     seqs.bad(stored.seq)
@@ -199,17 +200,18 @@ async def _direct(url: str, n: int, fetch: int) -> dict[str, Any]:
 
 
 async def _reader(url: str, n: int, fetch: int) -> dict[str, Any]:
+    from headrace.commits import StreamIdentity
     from headrace.jetstream import JetStream
     from headrace.nats import connect
-    from headrace_spark.datasource.offsets import SequenceRange
-    from headrace_spark.datasource.options import SourceSpec
-    from headrace_spark.datasource.reading import _iso, read_range
+    from headrace_spark.datasource import SequenceRange, SourceSpec, read_range
 
     seqs = _Seqs()
     batches = 0
     # The task's range as the driver plans it (off the clock in Spark too: the driver's work).
     async with connect(url) as nc:
-        created = _iso((await JetStream(nc).stream_info(STREAM)).created)
+        created = StreamIdentity.of(
+            STREAM, (await JetStream(nc).stream_info(STREAM)).created
+        ).created
     spec = SourceSpec.from_options(
         {"servers": url, "stream": STREAM, "fetchBatch": str(fetch)}, streaming=False
     )
@@ -310,7 +312,7 @@ READERS: dict[str, Callable[[str, int, int], Awaitable[dict[str, Any]]]] = {
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
-    from headrace.pipeline.gc_tuning import tune_gc
+    from headrace.pipeline import tune_gc
 
     # Imports off the clock (a task's Python worker has them loaded after its first task);
     # the reader's module brings pyarrow and pyspark, about 1 s.

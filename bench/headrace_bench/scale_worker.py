@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from headrace.pipeline.gc_tuning import tune_gc
+from headrace.pipeline import tune_gc
 
 from headrace_bench.consume import _peak_rss_mb
 

@@ -306,8 +306,7 @@ def _warm_up(spark: Any, url: str, where: Path, rows: int, partitions: int) -> f
 def _planned_partitions(url: str, partitions: int | None) -> int:
     """How many partitions (tasks) the batch read plans, asked of the source's reader as
     Spark's planner asks it (off the clock)."""
-    from headrace_spark.datasource.options import SourceSpec
-    from headrace_spark.datasource.source import JetStreamBatchReader
+    from headrace_spark.datasource import JetStreamBatchReader, SourceSpec
 
     spec = SourceSpec.from_options(_options(url, STREAM, partitions), streaming=False)
     return len(JetStreamBatchReader(spec).partitions())
@@ -365,7 +364,7 @@ def _run_batch_read(spark: Any, url: str, partitions: int | None, out: Path) -> 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
     import headrace_spark
-    from headrace.pipeline.gc_tuning import tune_gc
+    from headrace.pipeline import tune_gc
 
     spark, session_s = e2e._start_spark("local[*]")
     jvm = e2e._jvm_pid()

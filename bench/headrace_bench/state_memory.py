@@ -24,10 +24,7 @@ def _peak_mb() -> float:
 
 
 def _child(backend: str, n: int) -> dict[str, object]:
-    from headrace.state import TumblingWindow, count
-    from headrace.state.disk import StateFile
-    from headrace.state.disk_windows import DiskWindowOperator
-    from headrace.state.windows import WindowOperator
+    from headrace.state import DiskWindowOperator, StateFile, TumblingWindow, WindowOperator, count
 
     before = _peak_mb()
     file = None

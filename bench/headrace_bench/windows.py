@@ -255,9 +255,7 @@ async def _run_headrace(
 ) -> dict[str, Any]:
     from headrace.jetstream import ConsumeOptions, ConsumerConfig, JetStream
     from headrace.nats import connect
-    from headrace.pipeline import JetStreamSource, Pipeline
-    from headrace.pipeline.gc_tuning import tune_gc
-    from headrace.pipeline.stateful import StatefulStage
+    from headrace.pipeline import JetStreamSource, Pipeline, tune_gc
     from headrace.sinks import MemorySink
     from headrace.state import TumblingWindow, WindowResult, count, to_micros
 
@@ -300,9 +298,7 @@ async def _run_headrace(
         if run.drain_timed_out:
             problems.append(f"the drain timed out: {run.stats.ack_pending} messages not acked")
         peak = _peak_rss_mb()
-        stage = run.stages[f"stateful:{OPERATOR}"]
-        assert isinstance(stage, StatefulStage)
-        stats = stage.stats
+        stats = run.state_stats(OPERATOR)
         js = JetStream(nc)
         server = await _settled_problems(
             total, True, lambda: js.consumer_info(STREAM, durable), trio.sleep
@@ -333,7 +329,7 @@ def _run_bytewax(
     url: str, total: int, server_pid: int | None, window_s: int = WINDOW_S
 ) -> dict[str, Any]:
     from bytewax.testing import run_main
-    from headrace.pipeline.gc_tuning import tune_gc
+    from headrace.pipeline import tune_gc
 
     from headrace_bench import windows_bytewax as bw
 

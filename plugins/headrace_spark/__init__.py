@@ -38,12 +38,14 @@ from headrace_spark.targets import ParquetTarget, TableTarget
 
 if TYPE_CHECKING:
     from headrace_spark.datasource import JetStreamDataSource, register
-    from headrace_spark.schema import METADATA_SCHEMA, TableBuilder, schema_of
+    from headrace_spark.schema import HEADERS_TYPE, METADATA_SCHEMA, TableBuilder, schema_of
     from headrace_spark.session import embedded_conf, start_session
     from headrace_spark.sink import CommitInfo, SparkSink
+    from headrace_spark.staged_input import staged_frame
 
 #: Each public name loaded on first use, and the module that defines it.
 _WHERE = {
+    "HEADERS_TYPE": "schema",
     "METADATA_SCHEMA": "schema",
     "TableBuilder": "schema",
     "JetStreamDataSource": "datasource",
@@ -53,9 +55,11 @@ _WHERE = {
     "start_session": "session",
     "CommitInfo": "sink",
     "SparkSink": "sink",
+    "staged_frame": "staged_input",
 }
 
 __all__ = [
+    "HEADERS_TYPE",
     "METADATA_SCHEMA",
     "CommitInfo",
     "CompactionReport",
@@ -81,6 +85,7 @@ __all__ = [
     "embedded_conf",
     "register",
     "schema_of",
+    "staged_frame",
     "start_session",
 ]
 

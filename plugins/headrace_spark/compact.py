@@ -27,8 +27,8 @@ from typing import Any
 
 import attrs
 import trio
-from headrace.commits.identity import Attempt, now_ms
-from headrace.sinks.errors import OutputInUse
+from headrace.commits import Attempt, now_ms
+from headrace.sinks import OutputInUse
 
 from headrace_spark.ledger import CommitLedger
 from headrace_spark.output import DATA_FILE, OutputDir, claim_output, name_staged, new_token

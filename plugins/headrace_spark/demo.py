@@ -147,8 +147,7 @@ def prepare_output(out: Path) -> None:
 async def create_stream(js: Any) -> None:
     """The demo's stream; refused when the server has one of that name already (the demo
     deletes its stream at the end, so it must never take over somebody else's)."""
-    from headrace.jetstream import StreamConfig
-    from headrace.jetstream.errors import StreamNotFound
+    from headrace.jetstream import StreamConfig, StreamNotFound
 
     try:
         await js.stream_info(STREAM)

@@ -1,13 +1,13 @@
 """Errors of the Spark plugin.
 
-The sink's are :class:`~headrace.sinks.errors.SinkError`s: raised from ``write_batch`` they fail
+The sink's are :class:`~headrace.pipeline.SinkError`s: raised from ``write_batch`` they fail
 the batch, so its messages are naked and come again; nothing is acked that Spark did not commit.
 The ``jetstream`` data source's are :class:`JetStreamFormatError`s (end of the module)."""
 
 from __future__ import annotations
 
 from headrace.errors import HeadraceError
-from headrace.sinks.errors import SinkError
+from headrace.pipeline import SinkError
 
 
 class SparkSinkError(SinkError):

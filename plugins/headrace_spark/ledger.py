@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from headrace.sinks.output import SeqSet, fsync_directory
+from headrace.sinks import SeqSet, fsync_directory
 
 from headrace_spark.errors import LedgerError
 

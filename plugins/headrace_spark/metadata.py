@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from headrace.jetstream.ack_reply import AckMetadata
-from headrace.sinks.output import SeqSet
-from headrace.sinks.shared_writer import once_per_message as shared_once_per_message
+from headrace.jetstream import AckMetadata
+from headrace.sinks import SeqSet
+from headrace.sinks import once_per_message as shared_once_per_message
 
 if TYPE_CHECKING:
-    from headrace.pipeline.batch import Batch
-    from headrace.pipeline.record import Record
+    from headrace.pipeline import Batch, Record
 
 #: Token positions of the v1 reply ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
 #: <consumer seq>.<timestamp>.<pending>``.

@@ -34,13 +34,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
-from headrace.sinks.errors import OutputInUse
-from headrace.sinks.output import DirectoryLock, fsync_file, fsync_tree
-from headrace.sinks.shared_output import MANIFEST
+from headrace.sinks import CONTROL, MANIFEST, DirectoryLock, OutputInUse, fsync_file, fsync_tree
 
 from headrace_spark.ledger import CommitLedger
 
-CONTROL = "_headrace"
 #: The lock file under the control directory: one sink (or compaction) per output.
 LOCK_NAME = "lock"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_+-]{1,100}$")

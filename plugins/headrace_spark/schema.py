@@ -38,7 +38,7 @@ from headrace_spark.metadata import BatchMetadata
 from headrace_spark.values import exact_array
 
 if TYPE_CHECKING:
-    from headrace.pipeline.record import Record
+    from headrace.pipeline import Record
 
 HEADERS_TYPE = pa.map_(pa.string(), pa.list_(pa.string()))
 

@@ -48,11 +48,17 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pyarrow as pa
 import trio
-from headrace.commits.identity import Attempt
-from headrace.sinks.errors import RecordsRejected, SinkNotOpen
-from headrace.sinks.output import DirectoryLock
-from headrace.sinks.shared_output import STALE_AFTER, SWEEP_INTERVAL, SweepReport
-from headrace.sinks.shared_writer import SharedWriter, Staged, batch_key
+from headrace.commits import Attempt
+from headrace.pipeline import RecordsRejected, Sink, SinkNotOpen
+from headrace.sinks import (
+    STALE_AFTER,
+    SWEEP_INTERVAL,
+    DirectoryLock,
+    SharedWriter,
+    Staged,
+    SweepReport,
+    batch_key,
+)
 
 from headrace_spark.arrow_writer import write_parquet
 from headrace_spark.errors import (
@@ -72,9 +78,7 @@ from headrace_spark.staged_input import remove_stale_inputs, stageable, staged_f
 from headrace_spark.targets import ParquetTarget, TableTarget
 
 if TYPE_CHECKING:
-    from headrace.pipeline.batch import Batch
-    from headrace.pipeline.record import Record
-    from headrace.pipeline.sink import SinkContext
+    from headrace.pipeline import Batch, Record, SinkContext
 
 
 #: How a batch's table becomes files: a Spark job (``createDataFrame(table).write``), or
@@ -103,7 +107,7 @@ class CommitInfo:
     token: str = ""
 
 
-class SparkSink:
+class SparkSink(Sink):
     """Writes batches to ``path`` (parquet) or ``table`` through Spark; see the module docs
     and docs/spark.md.
 

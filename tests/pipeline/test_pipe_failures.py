@@ -13,11 +13,11 @@ import pytest
 import trio
 from headrace.actors import ActorState, Restart
 from headrace.jetstream import ConsumeOptions, ConsumerConfig
-from headrace.pipeline import BatchPolicy, PipelineError, Record
+from headrace.pipeline import BatchPolicy, PipelineError, Record, RecordsRejected
 from headrace.pipeline.ack_tracker import PoisonTerminated
 from headrace.pipeline.sink_retry import SinkOutage, SinkRetry
 from headrace.pipeline.stages import INBOX_BATCHES
-from headrace.sinks import MemorySink, RecordsRejected
+from headrace.sinks import MemorySink
 from pipe_support import (
     FAST,
     add_stream,

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from headrace.pipeline import Batch, BatchPolicy
-from headrace.pipeline.sink import SinkContext, SinkRunner
+from headrace.pipeline import Batch, BatchPolicy, SinkContext, SinkRunner
 from headrace.pipeline.sink_thread import THREAD_NAME_PREFIX
 from pipe_support import FAST, add_stream, connect, fast_pipeline, publish, source, wait_consumer
 

@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from headrace.pipeline import SinkError, SinkNotOpen, SinkRunner
 from headrace.pipeline.record import Record
-from headrace.pipeline.sink import SinkRunner
 from headrace.protocol.headers import Headers
 from headrace.sinks import (
     CorruptOutput,
     JsonlSink,
     OutputInUse,
-    SinkError,
-    SinkNotOpen,
     UnserialisableValue,
     decode_value,
 )

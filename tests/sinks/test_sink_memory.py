@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-from headrace.pipeline.sink import SinkRunner
+from headrace.pipeline import SinkRunner
 from headrace.sinks import MemorySink
 from sink_support import seqs
 

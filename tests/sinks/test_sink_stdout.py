@@ -6,7 +6,7 @@ import io
 import json
 
 import pytest
-from headrace.pipeline.sink import SinkRunner
+from headrace.pipeline import SinkRunner
 from headrace.sinks import StdoutSink, record_to_line
 from sink_support import batch, rec
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from headrace.sinks import CONTROL
 from headrace_spark import SparkSink
-from headrace_spark.output import CONTROL
 from headrace_spark.session import is_connect
 from sink_support import seqs
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from headrace.sinks import CONTROL
 from headrace_spark.ledger import CommitLedger
-from headrace_spark.output import CONTROL
 from natspy_peer import consumer_info, wait_consumer
 from spark_procs import child
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from headrace.sinks.errors import RecordsRejected
+from headrace.pipeline import RecordsRejected
 from headrace_spark import SparkSchemaError, SparkSink, TableBuilder
 from spark_support import read_rows
 

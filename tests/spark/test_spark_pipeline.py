@@ -12,9 +12,8 @@ from typing import Any
 
 import attrs
 import pytest
-from headrace.pipeline import BatchPolicy, Record
+from headrace.pipeline import BatchPolicy, Record, RecordsRejected
 from headrace.pipeline.ack_tracker import PoisonTerminated
-from headrace.sinks import RecordsRejected
 from headrace_spark import SparkSchemaError, SparkSink, SparkWriteError
 from spark_support import all_acked
 

@@ -14,10 +14,10 @@ import attrs
 import pyarrow as pa
 import pytest
 from headrace.jetstream.message import JsMsg
+from headrace.pipeline import RecordsRejected, SinkNotOpen
 from headrace.pipeline.record import Delivery, Record
 from headrace.protocol.events import Msg
 from headrace.protocol.headers import Headers
-from headrace.sinks.errors import RecordsRejected, SinkNotOpen
 from headrace_spark import CommitInfo, SparkSchemaError, SparkSink
 from spark_support import data_files, ledger_entries, read_rows, stream_seqs
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from headrace.sinks.errors import OutputInUse, SinkNotOpen
+from headrace.pipeline import SinkNotOpen
+from headrace.sinks import OutputInUse
 from headrace_spark import (
     CommitInfo,
     SparkSchemaError,

@@ -11,8 +11,16 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from headrace.pipeline import Batch, BatchPolicy, JetStreamSource, Pipeline, Record, SinkRetry
-from headrace.sinks import MemorySink, RecordsRejected
+from headrace.pipeline import (
+    Batch,
+    BatchPolicy,
+    JetStreamSource,
+    Pipeline,
+    Record,
+    RecordsRejected,
+    SinkRetry,
+)
+from headrace.sinks import MemorySink
 from headrace.testing import HarnessError, NotInMemory, TestMessage, run_pipeline
 
 FAST_RETRY = SinkRetry(backoff=0.01, backoff_max=0.05)

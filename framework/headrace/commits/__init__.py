@@ -25,7 +25,7 @@ from headrace.commits.errors import (
     OutputOwned,
     StreamRecreated,
 )
-from headrace.commits.identity import Attempt, StreamIdentity, new_worker_id
+from headrace.commits.identity import Attempt, StreamIdentity, new_worker_id, now_ms
 from headrace.commits.seqset import SeqSet
 from headrace.commits.state import (
     CommitOutcome,
@@ -64,4 +64,5 @@ __all__ = [
     "StreamRecreated",
     "Unpublished",
     "new_worker_id",
+    "now_ms",
 ]

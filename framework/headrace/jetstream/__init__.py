@@ -22,6 +22,7 @@ from headrace.jetstream.async_publish import (
 )
 from headrace.jetstream.atomic_batch import AtomicBatch, BatchAbandonedAdvisory
 from headrace.jetstream.bulk_publish import BulkPublishResult, publish_acked
+from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.consume import ConsumeBuffer, ConsumeEvent, ConsumeOptions
 from headrace.jetstream.consumer_config import (
     AckPolicy,
@@ -42,6 +43,7 @@ from headrace.jetstream.direct_batch import (
     DirectGetRefused,
     MultiLastGet,
     TooManySubjects,
+    split_direct_tail,
 )
 from headrace.jetstream.errors import (
     AckRefused,
@@ -73,6 +75,13 @@ from headrace.jetstream.errors import (
     InvalidMessageTTL,
     InvalidNameError,
     InvalidPauseUntil,
+    InvalidSchedulePattern,
+    InvalidScheduler,
+    InvalidScheduleRollup,
+    InvalidScheduleSource,
+    InvalidScheduleTarget,
+    InvalidScheduleTimeZone,
+    InvalidScheduleTTL,
     JetStreamAPIError,
     JetStreamError,
     JetStreamNotEnabled,
@@ -151,6 +160,7 @@ from headrace.jetstream.kv_update import (
 )
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.jetstream.message import JsMsg, ack_all
+from headrace.jetstream.names import check_stream
 from headrace.jetstream.ordered import OrderedSubscription
 from headrace.jetstream.ordered_pull import OrderedConsumer, OrderedConsumerConfig
 from headrace.jetstream.pause import ConsumerPause
@@ -162,7 +172,7 @@ from headrace.jetstream.push import PushSubscription
 from headrace.jetstream.reset import ConsumerReset
 from headrace.jetstream.responses import AccountInfo, PubAck
 from headrace.jetstream.schedules import MessageSchedule, stop_headers
-from headrace.jetstream.stored_message import StoredMessage
+from headrace.jetstream.stored_message import StoredMessage, direct_time
 from headrace.jetstream.stream_config import (
     Compression,
     DiscardPolicy,
@@ -231,6 +241,7 @@ __all__ = [
     "ConsumerPause",
     "ConsumerRecreated",
     "ConsumerReset",
+    "DecodeError",
     "DeletePolicy",
     "DeliverPolicy",
     "DirectBatch",
@@ -254,6 +265,13 @@ __all__ = [
     "InvalidMessageTTL",
     "InvalidNameError",
     "InvalidPauseUntil",
+    "InvalidSchedulePattern",
+    "InvalidScheduleRollup",
+    "InvalidScheduleSource",
+    "InvalidScheduleTTL",
+    "InvalidScheduleTarget",
+    "InvalidScheduleTimeZone",
+    "InvalidScheduler",
     "JetStream",
     "JetStreamAPI",
     "JetStreamAPIError",
@@ -342,14 +360,17 @@ __all__ = [
     "WrongLastSequence",
     "WrongRevision",
     "ack_all",
+    "check_stream",
     "create_key_value",
     "create_or_update_key_value",
     "delete_key_value",
+    "direct_time",
     "key_value",
     "key_value_bucket_names",
     "key_value_buckets",
     "parse_ack_reply",
     "publish_acked",
+    "split_direct_tail",
     "stop_headers",
     "update_key_value",
 ]

@@ -37,8 +37,17 @@ from headrace.pipeline.partitions import PartitionRuns, partition_graph, run_par
 from headrace.pipeline.publish_guard import DeadLetterRefused
 from headrace.pipeline.record import Delivery, Record
 from headrace.pipeline.runtime import PipelineRun, StageError
-from headrace.pipeline.sink import Sink, SinkContext, SinkRunner
+from headrace.pipeline.sink import (
+    RecordsRejected,
+    Sink,
+    SinkContext,
+    SinkError,
+    SinkNotOpen,
+    SinkUnavailable,
+    failure_kind,
+)
 from headrace.pipeline.sink_retry import SinkOutage, SinkRetry, SinkStuck
+from headrace.pipeline.sink_runner import SinkRunner
 from headrace.pipeline.source import JetStreamSource
 from headrace.pipeline.stateful import StateStats
 from headrace.pipeline.stats import PipelineStats
@@ -67,15 +76,20 @@ __all__ = [
     "PipelineStats",
     "PoisonTerminated",
     "Record",
+    "RecordsRejected",
     "Sink",
     "SinkContext",
+    "SinkError",
+    "SinkNotOpen",
     "SinkOutage",
     "SinkRetry",
     "SinkRunner",
     "SinkStuck",
+    "SinkUnavailable",
     "StageError",
     "StateSpec",
     "StateStats",
+    "failure_kind",
     "partition_graph",
     "restore_gc",
     "run_partitioned",

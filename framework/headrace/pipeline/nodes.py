@@ -23,6 +23,7 @@ from headrace.pipeline.errors import PipelineError
 from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.lookup import LookupSpec, Missing
 from headrace.pipeline.partitioning import Partitioning
+from headrace.pipeline.sink import sink_members, sink_name
 from headrace.pipeline.sink_retry import SinkRetry
 from headrace.pipeline.source import JetStreamSource
 from headrace.state.snapshots import DEFAULT_STATE_BUCKET
@@ -179,11 +180,10 @@ class Node:
         """Write records to ``sink`` in batches cut by ``batch``; records are acked after the
         sink committed them. ``retry``: how failed writes are retried (default: the
         pipeline's ``sink_retry``; docs/failures.md)."""
-        default = getattr(sink, "name", None) or type(sink).__name__.lower()
         return self._then(
             "sink",
             None,
-            name or default,
+            name or sink_name(sink),
             sink_obj=sink,
             batch=batch or BatchPolicy(),
             retry=retry,
@@ -318,8 +318,11 @@ class PipelineGraph:
                     "(the messages its state holds would be neither acked nor redelivered "
                     "until their ack wait); leave restart at Escalate"
                 )
-            if node.kind == "sink" and not callable(getattr(node.sink_obj, "write_batch", None)):
-                raise PipelineError(f"sink {node.name!r} has no write_batch(batch) method")
+            if node.kind == "sink":
+                try:
+                    sink_members(node.sink_obj, node.name)
+                except TypeError as exc:
+                    raise PipelineError(str(exc)) from None
         self._check_acyclic()
         for sink in self.sinks:
             for src in self.sources_of(sink):

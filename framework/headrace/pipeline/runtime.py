@@ -59,7 +59,7 @@ from headrace.pipeline.stages import (
     SourceStage,
     Stage,
 )
-from headrace.pipeline.stateful import StatefulStage
+from headrace.pipeline.stateful import StatefulStage, StateStats
 from headrace.pipeline.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -288,6 +288,22 @@ class PipelineRun:
         for source in self.sources:
             found.extend(source.internal_actors)
         return found
+
+    def state_stats(self, operator: str) -> StateStats:
+        """The figures of the stateful operator named ``operator`` (a window, a
+        ``stateful_map``, a fold): keys, open windows, snapshots, late records. The same object
+        all run long: read it during the run or after. KeyError naming the operators there are
+        for a name that is none."""
+        stage = self.stages.get(f"stateful:{operator}")
+        if not isinstance(stage, StatefulStage):
+            there = sorted(
+                s.node.name for s in self.stages.values() if isinstance(s, StatefulStage)
+            )
+            raise KeyError(
+                f"pipeline {self.pipeline.name!r} has no stateful operator {operator!r}; "
+                f"it has: {', '.join(there) or 'none'}"
+            )
+        return stage.stats
 
     def states(self) -> dict[str, str]:
         """Actor name to state, the connection supervisor included."""

@@ -1,54 +1,187 @@
-"""The sink contract, and how the pipeline calls a sink whether it is async or not.
+"""The sink contract, whole: what a sink is, what it is given, and what it may raise.
 
-A sink has three methods, each either a coroutine function or a plain one:
+A sink is any object with a ``write_batch(batch)`` method. :class:`Sink` declares every member
+the pipeline looks for and says what it does with each; subclassing it is optional (it only
+documents, and lets a type checker see the members), since the pipeline reads the members of
+whatever object it is given, once, with :func:`sink_members`. Each member may be a coroutine
+function (awaited on the event loop) or a plain one (run on the sink's own thread,
+:mod:`headrace.pipeline.sink_runner`).
 
-- ``open()`` before the first batch;
-- ``write_batch(batch)``, which returns only once the batch is durable: the records are acked
-  after it returns, never before;
-- ``close()`` after the last batch (also after a failure).
-
-and may have two more:
-
-- ``bind(context)``, called before ``open()`` with a :class:`SinkContext`: where the sink runs
-  (pipeline, sink name, this worker), the JetStream connection, and the identities and ack
-  floors of the streams it is fed from. A sink whose output is shared by several workers uses
-  them to take part in the commit protocol (headrace.commits, docs/scaling.md);
-- ``maintain()``, called when the sink has had nothing to write for a second (and then every
-  second while idle): upkeep that must go on without batches, such as a shared output's sweep
-  of what dead workers left. It must return quickly when there is nothing due.
-
-Async sinks run on the event loop. A sync sink's methods run on one thread of its own, from
-``bind``/``open`` to ``close`` (:class:`~headrace.pipeline.sink_thread.SinkThread`), one call at
-a time, so a blocking write never stalls the loop and a driver that ties its connection to the
-thread that opened it (sqlite3) works. ``name`` (optional) names the sink in graphs, progress
-and metrics.
+Beside it: :class:`SinkContext`, what ``bind`` is given; the errors a sink raises to say what
+went wrong (:class:`SinkUnavailable`, :class:`RecordsRejected`, :class:`SinkNotOpen`, all
+:class:`SinkError`); and :func:`failure_kind`, which reads the ``transient`` attribute by which
+any exception says whether the sink is down or the records are bad. The errors of the sinks
+built into headrace (finding plugins, a corrupt output) are in :mod:`headrace.sinks`, which sits
+above this package: sinks use the pipeline's types, the pipeline never imports a sink.
 
 A sink that raises :class:`~headrace.commits.errors.OutputConflict` (another pipeline's output,
 a recreated stream) stops the pipeline: the batch is neither acked nor naked, since writing it
-anywhere else or failing it would lose or duplicate records.
+anywhere else or failing it would lose or duplicate records. docs/sinks.md is the guide.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from headrace.commits.coordinator import DEFAULT_BUCKET
 from headrace.commits.identity import StreamIdentity, new_worker_id
+from headrace.errors import HeadraceError
 from headrace.jetstream.transient import retry_transient
-from headrace.pipeline.batch import Batch
-from headrace.pipeline.sink_thread import SinkThread
 
 if TYPE_CHECKING:
     from headrace.jetstream.context import JetStream
+    from headrace.pipeline.batch import Batch
+    from headrace.pipeline.record import Record
 
 #: How long a stream identity looked up is trusted before a batch that overlaps committed
 #: records looks it up again (seconds).
 IDENTITY_TTL = 1.0
+
+
+class Sink:
+    """Every member of the sink contract, declared and documented.
+
+    Only :meth:`write_batch` is required. The others are called when the sink has them and
+    they are not this class's own defaults (which do nothing, so a subclass pays for no call it
+    does not define). Any member may be ``async def``; a plain one runs on a thread of the
+    sink's own, one call at a time and the same thread from ``bind``/``open`` to ``close``, so
+    a blocking driver never stalls the event loop and one that ties its connection to the
+    thread that opened it (sqlite3) works.
+    """
+
+    #: The sink's name in graphs, progress lines and metrics, unless ``Node.sink(name=...)``
+    #: gives one; None: the class name, lower-cased.
+    name: str | None = None
+
+    def bind(self, context: SinkContext) -> object:
+        """Called once, before :meth:`open`, with where the sink runs: the pipeline and sink
+        names, this worker, the JetStream connection, and the identities and ack floors of the
+        streams it is fed from. A sink whose output several workers share takes part in the
+        commit protocol with them (headrace.commits, docs/scaling.md)."""
+
+    def open(self) -> object:
+        """Called once before the first batch (and again after a restart of the sink's stage);
+        the sources take no message until every sink of the pipeline is open. Connect, create,
+        read state. Raising fails the stage (its restart policy decides)."""
+
+    def write_batch(self, batch: Batch) -> object:
+        """Make ``batch`` durable, then return: the pipeline acks every message behind it as
+        soon as this returns, and JetStream forgets them, so returning early loses records on a
+        crash. Called one batch at a time.
+
+        Raising keeps every message of the batch: it is written again after a pause. Say what
+        the error means with its ``transient`` attribute (:func:`failure_kind`): ``True``, the
+        sink is down (:class:`SinkUnavailable`; never split, waited out); ``False``, records of
+        the batch are bad (split at once to find them); not set, the pipeline finds out by
+        splitting once the retries fail. :class:`RecordsRejected` commits the rest of the batch
+        and fails only the records it names."""
+        raise NotImplementedError(f"{type(self).__name__} has no write_batch(batch)")
+
+    def maintain(self) -> object:
+        """Called when the sink has had nothing to write for a second, then every second while
+        idle: upkeep that cannot wait for a batch (a shared output's sweep of what dead workers
+        left). Return quickly when nothing is due."""
+
+    def close(self) -> object:
+        """Called after the last batch, and after a failure too (not after an ``open`` that
+        raised): release what ``open`` took. Bounded by the pipeline (10 s)."""
+
+
+#: The members of :class:`Sink` a sink may leave out.
+OPTIONAL_MEMBERS = ("bind", "open", "maintain", "close")
+
+
+@attrs.frozen(slots=True)
+class SinkMembers:
+    """The contract's members one sink has, read once: ``None`` for each optional member it
+    does not define (or leaves at :class:`Sink`'s default)."""
+
+    write_batch: Callable[..., Any]
+    bind: Callable[..., Any] | None
+    open: Callable[..., Any] | None
+    maintain: Callable[..., Any] | None
+    close: Callable[..., Any] | None
+
+
+def sink_members(sink: object, name: str | None = None) -> SinkMembers:
+    """The members of ``sink`` the pipeline calls; :class:`TypeError` naming the sink when it
+    has no callable ``write_batch``, or has an optional member that is not callable."""
+    label = f"sink {name!r} ({sink!r})" if name else f"sink {sink!r}"
+    write = getattr(sink, "write_batch", None)
+    if not callable(write):
+        raise TypeError(f"{label} has no write_batch(batch) method")
+    found: dict[str, Callable[..., Any] | None] = {}
+    for member in OPTIONAL_MEMBERS:
+        value = getattr(sink, member, None)
+        if value is not None and not callable(value):
+            raise TypeError(f"{label}: {member} is {value!r}, not a method")
+        if getattr(type(sink), member, None) is getattr(Sink, member):
+            value = None  # Sink's own default: nothing to call
+        found[member] = value
+    return SinkMembers(write_batch=write, **found)
+
+
+def sink_name(sink: object) -> str:
+    """The name a sink goes by when the pipeline gives it none: its ``name``, else its class's
+    name, lower-cased."""
+    return getattr(sink, "name", None) or type(sink).__name__.lower()
+
+
+def failure_kind(error: BaseException | None) -> bool | None:
+    """What an error says about a failed write, by its ``transient`` attribute: ``True``, the
+    sink is down (wait, never split the batch); ``False``, records of the batch are bad (split
+    to find them); ``None``, it does not say."""
+    kind = getattr(error, "transient", None)
+    return kind if isinstance(kind, bool) else None
+
+
+# -- the errors a sink raises ------------------------------------------------------------------
+
+
+class SinkError(HeadraceError):
+    """Base class of the errors sinks raise and of the errors about sinks."""
+
+
+class SinkUnavailable(SinkError):
+    """Raise (or subclass) it from ``write_batch`` when the sink's destination is down (a
+    connection refused, a full disk): the batch is written again after a pause, never split
+    to look for bad records (headrace.pipeline.sink_retry)."""
+
+    transient = True
+
+
+class SinkNotOpen(SinkError):
+    """A sink was written to before ``open()`` or after ``close()``."""
+
+
+class RecordsRejected(SinkError):
+    """Raised by ``write_batch`` after it committed the batch *except* some records that can
+    never be written (a value that does not fit the sink's schema: a poison record).
+
+    The pipeline acks the messages of the committed records and fails only the rejected ones
+    (nak, then dead letter past ``max_deliveries``), so one bad record does not hold back, or
+    dead-letter, the good records batched with it. ``rejected`` pairs each record with why it
+    was rejected.
+    """
+
+    def __init__(self, rejected: Sequence[tuple[Record, BaseException]]) -> None:
+        if not rejected:
+            raise ValueError("RecordsRejected needs at least one rejected record")
+        self.rejected = list(rejected)
+        record, error = self.rejected[0]
+        more = f" (and {len(self.rejected) - 1} more)" if len(self.rejected) > 1 else ""
+        super().__init__(
+            f"{len(self.rejected)} record(s) rejected, the rest of the batch committed; "
+            f"{record.stream} #{record.stream_seq}: {error}{more}"
+        )
+
+
+# -- what bind is given ------------------------------------------------------------------------
 
 
 class SinkContext:
@@ -144,89 +277,3 @@ class SinkContext:
             info = await retry_transient(functools.partial(self.js.stream_info, stream))
             found = max(found, info.config.num_replicas or 1)
         return min(found, 3)
-
-
-@runtime_checkable
-class Sink(Protocol):
-    """What a sink is: any object with ``write_batch`` (a coroutine function or a plain one).
-
-    ``write_batch(batch)`` returns only once the batch is durable: the pipeline then acks
-    every message behind it and JetStream forgets them. Raising keeps them: the batch is
-    written again after a pause (an error with ``transient = True`` is an outage, never split;
-    ``False`` is bad data, split at once to find the records at fault; ``RecordsRejected``
-    names them). ``bind(context)``, ``open()``, ``close()`` and ``maintain()`` are optional.
-    A plain method runs on the sink's own thread, one call at a time, so a blocking driver
-    never stalls the event loop. docs/sinks.md is the whole contract.
-    """
-
-    def write_batch(self, batch: Batch) -> Any:
-        """Make ``batch`` durable, then return; raise to have it written again."""
-
-
-class SinkRunner:
-    """Calls a sink's methods: coroutine functions on the loop, plain ones on the sink's thread.
-
-    A sink's life runs from ``bind``/``open`` to ``close``; its sync calls all run on one
-    :class:`SinkThread`, started at the first and let go after ``close`` (or after a ``bind``
-    or ``open`` that failed: the stage does not close what did not open). A new life (a
-    restart opens the sink again) gets a new thread, once the last one is free: a call
-    abandoned by a hard stop never overlaps the next one.
-    """
-
-    def __init__(self, sink: Any, name: str) -> None:
-        if not callable(getattr(sink, "write_batch", None)):
-            raise TypeError(f"sink {name!r} ({sink!r}) has no write_batch(batch) method")
-        self.sink = sink
-        self.name = name
-        #: The thread of the sink's current (or last) life; None before its first sync call.
-        self.thread: SinkThread | None = None
-
-    async def _call(self, method: str, *args: Any) -> None:
-        fn = getattr(self.sink, method, None)
-        if fn is None:
-            return
-        if inspect.iscoroutinefunction(fn):
-            await fn(*args)
-            return
-        thread = self.thread
-        if thread is None or thread.stopping:
-            if thread is not None:
-                # The last life's thread may still be in a call abandoned by a hard stop.
-                await thread.ended.wait()
-            thread = self.thread = SinkThread(self.name)
-        await thread.call(fn, *args)
-
-    async def _start(self, method: str, *args: Any) -> None:
-        try:
-            await self._call(method, *args)
-        except BaseException:
-            self._stop_thread()
-            raise
-
-    def _stop_thread(self) -> None:
-        if self.thread is not None:
-            self.thread.stop()
-
-    async def bind(self, context: SinkContext) -> None:
-        await self._start("bind", context)
-
-    async def open(self) -> None:
-        await self._start("open")
-
-    async def maintain(self) -> None:
-        await self._call("maintain")
-
-    async def write_batch(self, batch: Batch) -> None:
-        await self._call("write_batch", batch)
-
-    async def close(self) -> None:
-        """Close the sink and let its thread go. When the thread is free (no call abandoned by a
-        hard stop still runs in it), this waits for it to stop serving the sink, which is then
-        immediate: a sink closed has no thread left."""
-        try:
-            await self._call("close")
-        finally:
-            self._stop_thread()
-        thread = self.thread
-        if thread is not None and not thread.pending:
-            await thread.ended.wait()

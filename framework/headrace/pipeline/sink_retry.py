@@ -42,6 +42,7 @@ import trio
 from headrace._validators import positive, positive_or_none
 from headrace.errors import HeadraceError
 from headrace.pipeline.record import Record
+from headrace.pipeline.sink import failure_kind
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -101,7 +102,7 @@ def by_message(records: list[Record]) -> list[list[Record]]:
 
 def _bad_data(error: BaseException | None) -> bool:
     """The sink says the records are bad (``transient = False``)."""
-    return getattr(error, "transient", None) is False
+    return failure_kind(error) is False
 
 
 def _key(message: list[Record]) -> tuple[str, int]:
@@ -195,7 +196,7 @@ class BatchCommitter:
             if error is None:
                 return
             failures += 1
-            if getattr(error, "transient", None) is False and len(by_message(records)) == 1:
+            if failure_kind(error) is False and len(by_message(records)) == 1:
                 # The sink says the records are bad, and they are one message's.
                 self._poison(records, error)
                 return
@@ -217,7 +218,7 @@ class BatchCommitter:
         return error
 
     def _splittable(self, records: list[Record], error: BaseException, failures: int) -> bool:
-        kind = getattr(error, "transient", None)
+        kind = failure_kind(error)
         if kind is True or len(by_message(records)) < 2:
             return False
         return kind is False or failures >= self.retry.split_after
@@ -274,9 +275,8 @@ class BatchCommitter:
         failed on their own as poison. An error the sink marks ``transient`` is waited out."""
         alone = 1
         while True:
-            if getattr(error, "transient", None) is not True and (
-                alone >= self.retry.poison_after or getattr(error, "transient", None) is False
-            ):
+            kind = failure_kind(error)
+            if kind is not True and (alone >= self.retry.poison_after or kind is False):
                 self._poison(message, error)
                 return
             await self._pause(alone, error)

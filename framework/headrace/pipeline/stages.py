@@ -32,9 +32,9 @@ from headrace.jetstream.transient import is_transient, retry_transient
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT
 from headrace.pipeline.batch import Batch
 from headrace.pipeline.record import Record
-from headrace.pipeline.sink import SinkContext, SinkRunner
+from headrace.pipeline.sink import RecordsRejected, SinkContext, SinkError
 from headrace.pipeline.sink_retry import BatchCommitter
-from headrace.sinks.errors import RecordsRejected, SinkError
+from headrace.pipeline.sink_runner import SinkRunner
 
 if TYPE_CHECKING:
     from headrace.jetstream.consumer_config import ConsumerConfig, ConsumerInfo

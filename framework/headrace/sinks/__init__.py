@@ -1,7 +1,8 @@
 """Sinks: where a pipeline's records end up.
 
-The contract (``open``/``write_batch``/``close``) is in :mod:`headrace.pipeline.sink`; plugins are
-found by name through the ``headrace.sinks`` entry point group (:mod:`.registry`). Built in:
+The contract (:class:`~headrace.pipeline.Sink`, what ``bind`` is given, and the errors a sink
+raises) is in :mod:`headrace.pipeline`, below this package. Plugins are found by name through
+the ``headrace.sinks`` entry point group (:mod:`.registry`). Built in:
 :class:`JsonlSink` (``jsonl``), :class:`MemorySink` (``memory``), :class:`StdoutSink`
 (``stdout``). For a file sink whose output any number of workers share: :class:`SharedWriter`
 (the per-batch commit algorithm) over :class:`SharedOutput` (the files). See ``docs/sinks.md``.
@@ -15,20 +16,23 @@ from __future__ import annotations
 from headrace.sinks.errors import (
     CorruptOutput,
     OutputInUse,
-    RecordsRejected,
-    SinkError,
     SinkLoadError,
-    SinkNotOpen,
-    SinkUnavailable,
     UnknownSink,
     UnserialisableValue,
 )
 from headrace.sinks.jsonl import JsonlSink
 from headrace.sinks.lines import decode_value, record_to_dict, record_to_line
 from headrace.sinks.memory import MemorySink
-from headrace.sinks.output import DirectoryLock, SeqSet
+from headrace.sinks.output import DirectoryLock, SeqSet, fsync_directory, fsync_file, fsync_tree
 from headrace.sinks.registry import GROUP, available_sinks, load_sink
-from headrace.sinks.shared_output import SharedOutput, SweepReport
+from headrace.sinks.shared_output import (
+    CONTROL,
+    MANIFEST,
+    STALE_AFTER,
+    SWEEP_INTERVAL,
+    SharedOutput,
+    SweepReport,
+)
 from headrace.sinks.shared_writer import (
     SharedWriter,
     Staged,
@@ -39,20 +43,20 @@ from headrace.sinks.shared_writer import (
 from headrace.sinks.stdout import StdoutSink
 
 __all__ = [
+    "CONTROL",
     "GROUP",
+    "MANIFEST",
+    "STALE_AFTER",
+    "SWEEP_INTERVAL",
     "CorruptOutput",
     "DirectoryLock",
     "JsonlSink",
     "MemorySink",
     "OutputInUse",
-    "RecordsRejected",
     "SeqSet",
     "SharedOutput",
     "SharedWriter",
-    "SinkError",
     "SinkLoadError",
-    "SinkNotOpen",
-    "SinkUnavailable",
     "Staged",
     "StdoutSink",
     "SweepReport",
@@ -61,6 +65,9 @@ __all__ = [
     "available_sinks",
     "batch_key",
     "decode_value",
+    "fsync_directory",
+    "fsync_file",
+    "fsync_tree",
     "load_sink",
     "once_per_message",
     "record_to_dict",

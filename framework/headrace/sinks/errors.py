@@ -1,18 +1,15 @@
-"""Errors of the sinks package: finding and loading sink plugins, and the built-in sinks."""
+"""Errors of the sinks package: finding and loading sink plugins, and the built-in sinks.
+
+The errors of the contract itself (:class:`SinkError`, the base of these;
+:class:`SinkUnavailable`, :class:`RecordsRejected`, :class:`SinkNotOpen`) are beside it, in
+:mod:`headrace.pipeline.sink`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
-from headrace.errors import HeadraceError
-
-if TYPE_CHECKING:
-    from headrace.pipeline.record import Record
-
-
-class SinkError(HeadraceError):
-    """Base class of the errors raised by the sinks package."""
+from headrace.pipeline.sink import SinkError
 
 
 class UnknownSink(SinkError, LookupError):
@@ -37,10 +34,6 @@ class SinkLoadError(SinkError):
         self.name = name
         self.target = target
         super().__init__(f"sink plugin {name!r} ({target}) {reason}")
-
-
-class SinkNotOpen(SinkError):
-    """A sink was written to before ``open()`` or after ``close()``."""
 
 
 class OutputInUse(SinkError):
@@ -68,33 +61,3 @@ class UnserialisableValue(SinkError, TypeError):
     #: Bad records, not a sink that is down: the batch is split at once to isolate them
     #: (headrace.pipeline.sink_retry).
     transient = False
-
-
-class SinkUnavailable(SinkError):
-    """Raise (or subclass) it from ``write_batch`` when the sink's destination is down (a
-    connection refused, a full disk): the batch is written again after a pause, never split
-    to look for bad records (headrace.pipeline.sink_retry)."""
-
-    transient = True
-
-
-class RecordsRejected(SinkError):
-    """Raised by ``write_batch`` after it committed the batch *except* some records that can
-    never be written (a value that does not fit the sink's schema: a poison record).
-
-    The pipeline acks the messages of the committed records and fails only the rejected ones
-    (nak, then dead letter past ``max_deliveries``), so one bad record does not hold back, or
-    dead-letter, the good records batched with it. ``rejected`` pairs each record with why it
-    was rejected.
-    """
-
-    def __init__(self, rejected: Sequence[tuple[Record, BaseException]]) -> None:
-        if not rejected:
-            raise ValueError("RecordsRejected needs at least one rejected record")
-        self.rejected = list(rejected)
-        record, error = self.rejected[0]
-        more = f" (and {len(self.rejected) - 1} more)" if len(self.rejected) > 1 else ""
-        super().__init__(
-            f"{len(self.rejected)} record(s) rejected, the rest of the batch committed; "
-            f"{record.stream} #{record.stream_seq}: {error}{more}"
-        )

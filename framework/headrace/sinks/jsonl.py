@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from headrace.commits.identity import Attempt
-from headrace.sinks.errors import CorruptOutput, OutputInUse, SinkError, SinkNotOpen
+from headrace.pipeline.sink import Sink, SinkError, SinkNotOpen
+from headrace.sinks.errors import CorruptOutput, OutputInUse
 from headrace.sinks.lines import record_to_line
 from headrace.sinks.output import DirectoryLock, SeqSet, fsync_directory
 from headrace.sinks.shared_output import CONTROL, MANIFEST, STALE_AFTER, SWEEP_INTERVAL
@@ -84,7 +85,7 @@ COMMITS = ("auto", "shared", "local")
 _Key = tuple[str, int]
 
 
-class JsonlSink:
+class JsonlSink(Sink):
     """Durable, duplicate-free JSON-lines files in ``directory``; see the module docs.
 
     A sync sink: the pipeline runs its methods in a worker thread. ``commits``: ``"auto"``

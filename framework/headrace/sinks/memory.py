@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from headrace.pipeline.sink import Sink
+
 if TYPE_CHECKING:
     from headrace.pipeline.batch import Batch
     from headrace.pipeline.record import Record
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 FailWith = type[BaseException] | BaseException
 
 
-class MemorySink:
+class MemorySink(Sink):
     """Keeps every batch written (``batches``) and their records (``records``), in order.
 
     ``fail_times``: the next that many ``write_batch`` calls raise ``fail_with`` (an exception

@@ -47,7 +47,7 @@ from headrace.commits.errors import OutputConflict, StreamRecreated
 from headrace.commits.identity import Attempt, StreamIdentity
 from headrace.commits.seqset import SeqSet
 from headrace.commits.state import Committed, Expired, Overlap
-from headrace.sinks.errors import SinkError
+from headrace.pipeline.sink import SinkError
 from headrace.sinks.shared_output import (
     SETTLE_AFTER,
     STALE_AFTER,

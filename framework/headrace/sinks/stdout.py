@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from headrace.pipeline.sink import Sink
 from headrace.sinks.lines import record_to_line
 
 if TYPE_CHECKING:
     from headrace.pipeline.batch import Batch
 
 
-class StdoutSink:
+class StdoutSink(Sink):
     """Prints each record as a line of JSON (the format of :mod:`headrace.sinks.lines`) and
     flushes before ``write_batch`` returns.
 

@@ -18,6 +18,8 @@ from headrace.state.aggregates import (
     min_of,
     sum_of,
 )
+from headrace.state.disk import StateFile
+from headrace.state.disk_windows import DiskWindowOperator
 from headrace.state.errors import (
     LateRecord,
     LeaseError,
@@ -52,6 +54,7 @@ from headrace.state.windows import (
 __all__ = [
     "DEFAULT_STATE_BUCKET",
     "Aggregate",
+    "DiskWindowOperator",
     "Duration",
     "Instant",
     "Joined",
@@ -70,6 +73,7 @@ __all__ = [
     "StateConsumerChanged",
     "StateError",
     "StateFenced",
+    "StateFile",
     "StateLimitExceeded",
     "StateStorageError",
     "StateStreamRecreated",

@@ -20,10 +20,14 @@ is the guide; the modules:
 - ``source``: the driver's side of reading (start, each trigger's end, admission control);
 - ``reading``: one partition read in a task (batched Direct Get, ADR-31);
 - ``writing``: the sink.
+
+The parts a caller outside the package uses (the benchmarks measure a task's read with them)
+are listed in ``__all__`` and load on first use, since ``reading`` imports pyarrow.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -125,3 +129,36 @@ class JetStreamDataSource(DataSource):
 def register(spark: Any) -> None:
     """Register the ``jetstream`` format on ``spark`` (a classic or a Spark Connect session)."""
     spark.dataSource.register(JetStreamDataSource)
+
+
+#: The parts of the source loaded on first use, and the module of each.
+_WHERE = {
+    "ARROW_SCHEMA": "reading",
+    "read_range": "reading",
+    "user_headers": "reading",
+    "SequenceRange": "offsets",
+    "SourceSpec": "options",
+    "JetStreamBatchReader": "source",
+}
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "SOURCE_SCHEMA",
+    "JetStreamBatchReader",
+    "JetStreamDataSource",
+    "SequenceRange",
+    "SourceSpec",
+    "read_range",
+    "register",
+    "source_schema",
+    "user_headers",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'headrace_spark.datasource' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"headrace_spark.datasource.{module}"), name)
+    globals()[name] = value
+    return value

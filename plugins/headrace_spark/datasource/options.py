@@ -354,8 +354,8 @@ class SourceSpec:
     def from_options(cls, options: Mapping[str, str], *, streaming: bool) -> SourceSpec:
         check_known(options, SOURCE_OPTIONS, "source")
         opts = _lower(options)
-        from headrace.jetstream.names import check_stream
-        from headrace.protocol.commands import check_subject
+        from headrace.jetstream import check_stream
+        from headrace.protocol import check_subject
 
         stream = _required(opts, "stream")
         try:
@@ -441,7 +441,7 @@ class SinkSpec:
     def from_options(cls, options: Mapping[str, str]) -> SinkSpec:
         check_known(options, SINK_OPTIONS, "sink")
         opts = _lower(options)
-        from headrace.protocol.commands import check_subject
+        from headrace.protocol import check_subject
 
         subject = opts.get("subject") or None
         if subject is not None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -41,11 +40,16 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import trio
-from headrace.jetstream import BatchGet, DirectBatch, DirectBatchReader, StoredMessage
-from headrace.jetstream.codec import DecodeError
-from headrace.jetstream.stored_message import direct_time
-from headrace.protocol import Headers, Msg
-from headrace.protocol.headers import read_header_block
+from headrace.jetstream import (
+    BatchGet,
+    DecodeError,
+    DirectBatch,
+    DirectBatchReader,
+    StoredMessage,
+    direct_time,
+    split_direct_tail,
+)
+from headrace.protocol import Headers, Msg, read_header_block
 
 from headrace_spark.datasource.offsets import SequenceRange
 from headrace_spark.datasource.options import SourceSpec
@@ -169,13 +173,9 @@ def _slow_stamp(text: bytes) -> int | None:
 _STATUS_LINE = b"NATS/1.0 "
 _VERSION_LINE = b"NATS/1.0\r\n"
 
-_split_tail: Callable[[bytes], tuple[int, bytes, int, int, int | None] | None] | None
-try:
-    from headrace.jetstream._direct_tail import split_tail as _split_tail
-except ImportError:  # built without a C compiler: ColumnReader's Python path does the work
-    _split_tail = None
-if os.environ.get("HEADRACE_PURE_PYTHON"):
-    _split_tail = None
+
+#: A split of a reply's server tail, as :data:`headrace.jetstream.split_direct_tail`.
+TailSplit = Callable[[bytes], "tuple[int, bytes, int, int, int | None] | None"]
 
 
 class ColumnReader(DirectBatchReader):
@@ -197,11 +197,20 @@ class ColumnReader(DirectBatchReader):
     and the errors are the same either way (tests/jetstream/test_direct_tail.py).
     """
 
-    def __init__(self, stream: str, columns: _Columns, last: int) -> None:
+    def __init__(
+        self,
+        stream: str,
+        columns: _Columns,
+        last: int,
+        split: TailSplit | None = split_direct_tail,
+    ) -> None:
         super().__init__(stream)
         self.columns = columns
         self.last = last
         self.taken = 0
+        #: The C split (``split_direct_tail``: None when headrace has none); a test gives
+        #: None to compare the Python path with it.
+        self._split = split
 
     def feed(self, msg: Msg) -> DirectBatch | None:
         """Take the next reply (as :meth:`DirectBatchReader.feed`), split in C when it can be.
@@ -213,7 +222,7 @@ class ColumnReader(DirectBatchReader):
         wrong after :meth:`_Columns.take` swaps the lists).
         """
         raw = msg.raw_headers
-        split = _split_tail
+        split = self._split
         if split is None or raw is None or (tail := split(raw)) is None:
             return self._feed_python(msg)  # no C split, or a status or another shape: Python
         at, subject, seq, previous, stamp = tail
