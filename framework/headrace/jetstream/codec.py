@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from headrace.errors import HeadraceError
+from headrace.jetstream.errors import JetStreamError
 
 T = TypeVar("T")
 
@@ -31,8 +31,13 @@ DURATIONS = "durations"
 TIME = "time"
 
 
-class DecodeError(HeadraceError):
-    """A JetStream API response did not have the shape of the model it should fill."""
+class DecodeError(JetStreamError):
+    """An answer of the JetStream API (or a stored message's JetStream headers, an advisory)
+    that is not what the server sends: not JSON, or not the shape of the model it should fill.
+
+    A real server does not send one; a proxy, a mirror of the API or a broken server in front
+    of it can. It is a :class:`~headrace.jetstream.JetStreamError` like any other failed
+    request, so ``except JetStreamError`` handles it too."""
 
 
 def jfield(

@@ -3,27 +3,42 @@
 An API error carries ``code`` (HTTP-like), ``err_code`` (the server's stable identifier, see
 nats-server's errors.json) and ``description``. The common ones have their own class, so
 ``except ConsumerNotFound`` works without comparing numbers.
+
+A class stands for the err_codes it declares (``err_codes = (10059,)``), and declaring them is
+all it takes: :func:`api_error`'s table is built from the classes as they are defined, and no
+two classes may declare one code. A subclass that declares none (``KeyTTLDisabled``, a
+``MessageTTLDisabled`` raised by KV) inherits the codes to say what it answers, and is not in
+the table.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 from headrace.errors import HeadraceError
-
-if TYPE_CHECKING:
-    from headrace.jetstream.responses import PubAck
 
 
 class JetStreamError(HeadraceError):
     """Base of every JetStream error."""
 
 
+#: err_code -> the class that declares it, filled as the classes are defined.
+_BY_CODE: dict[int, type[JetStreamAPIError]] = {}
+
+
 class JetStreamAPIError(JetStreamError):
     """The JetStream API answered with an error."""
 
-    #: err_codes this class stands for (used by :func:`api_error` to pick the class).
-    err_codes: tuple[int, ...] = ()
+    #: The err_codes this class stands for: the ones a class declares in its own body put it
+    #: in :func:`api_error`'s table.
+    err_codes: ClassVar[tuple[int, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for code in vars(cls).get("err_codes", ()):
+            known = _BY_CODE.setdefault(code, cls)
+            if known is not cls:
+                raise TypeError(f"err_code {code} of {cls.__name__} is {known.__name__}'s already")
 
     def __init__(self, code: int, err_code: int, description: str) -> None:
         super().__init__(f"{description} (code {code}, err_code {err_code})")
@@ -222,12 +237,27 @@ class AtomicBatchUsageError(JetStreamError, ValueError):
     batch's own (``Nats-Batch-*``). Nothing is sent for the call that raised it."""
 
 
+class _StoredPubAck(Protocol):
+    """What a :class:`~headrace.jetstream.PubAck` says of a stored message, as
+    :class:`AtomicPublishUnsupported` keeps it (the answers' models are built with the codec,
+    whose ``DecodeError`` is one of these errors: this module does not import them)."""
+
+    @property
+    def stream(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def duplicate(self) -> bool: ...
+    @property
+    def domain(self) -> str | None: ...
+
+
 class AtomicPublishUnsupported(JetStreamError):
     """The server answered the first message of a batch with a plain PubAck: it does not know
     atomic batches (ADR-50 needs nats-server 2.12+) and stored that message on its own.
     ``ack`` is that PubAck; nothing else of the batch was sent."""
 
-    def __init__(self, message: str, ack: PubAck) -> None:
+    def __init__(self, message: str, ack: _StoredPubAck) -> None:
         super().__init__(message)
         self.ack = ack
 
@@ -312,52 +342,10 @@ class InvalidScheduleTimeZone(InvalidMessageSchedule):
     err_codes = (10223,)
 
 
-#: The classes for :func:`~headrace.jetstream.errors.api_error`'s table.
-SCHEDULE_ERRORS: tuple[type[MessageScheduleError], ...] = (
-    MessageSchedulesDisabled,
-    MessageSchedulesNotAllowed,
-    InvalidSchedulePattern,
-    InvalidScheduleTarget,
-    InvalidScheduleTTL,
-    InvalidScheduleRollup,
-    InvalidScheduleSource,
-    InvalidScheduler,
-    InvalidScheduleTimeZone,
+#: The schedule refusals of :func:`api_error`'s table, in the order they are defined.
+SCHEDULE_ERRORS: tuple[type[MessageScheduleError], ...] = tuple(
+    dict.fromkeys(cls for cls in _BY_CODE.values() if issubclass(cls, MessageScheduleError))
 )
-
-
-_CLASSES: tuple[type[JetStreamAPIError], ...] = (
-    BadRequest,
-    JetStreamNotEnabled,
-    StreamNotFound,
-    StreamAlreadyExists,
-    StreamSubjectsOverlap,
-    ConsumerNotFound,
-    ConsumerDoesNotExist,
-    ConsumerAlreadyExists,
-    MessageNotFound,
-    WrongLastSequence,
-    WrongLastMsgId,
-    MessageTTLDisabled,
-    InvalidMessageTTL,
-    PriorityGroupConfigError,
-    PriorityGroupNotFound,
-    InvalidConsumerReset,
-    AtomicPublishDisabled,
-    AtomicBatchSequenceMissing,
-    AtomicBatchIncomplete,
-    AtomicUnsupportedHeader,
-    InvalidBatchId,
-    AtomicPublishOnMirror,
-    AtomicBatchTooLarge,
-    InvalidBatchCommit,
-    AtomicBatchDuplicateMessage,
-    AtomicBatchTooManyInflight,
-    *SCHEDULE_ERRORS,
-)
-_BY_CODE: dict[int, type[JetStreamAPIError]] = {
-    code: cls for cls in _CLASSES for code in cls.err_codes
-}
 
 
 def api_error(error: Any) -> JetStreamAPIError:

@@ -35,7 +35,6 @@ import trio
 from headrace._trio import EventHub, either
 from headrace.actors.actor import Actor, ActorState
 from headrace.errors import NatsError
-from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.errors import ConsumerNotFound, JetStreamError
 from headrace.jetstream.events import ConsumerDeleteFailed, JetStreamEvent
 from headrace.jetstream.message import OutstandingAcks
@@ -158,7 +157,7 @@ class ConsumerLifecycle(Actor[_End]):
                 await self._stop_delivery(request.drain, request.deadline)
                 if request.drain and self._acks is not None:
                     await self._acks.wait_all_acked()
-            except (JetStreamError, NatsError, DecodeError):
+            except (JetStreamError, NatsError):
                 pass  # stopping ran into a closed or lost connection: deletion may still work
         try:
             if await self.should_delete():
@@ -166,9 +165,9 @@ class ConsumerLifecycle(Actor[_End]):
                 self.deleted = True
         except ConsumerNotFound:
             self.deleted = True  # already gone: the goal is reached
-        except (JetStreamError, NatsError, DecodeError) as exc:
-            # DecodeError: the API answered with something that is not its JSON (a proxy, a
-            # broken server). It is no JetStreamError, and would otherwise fail the actor.
+        except (JetStreamError, NatsError) as exc:
+            # JetStreamError includes DecodeError: the API answered with something that is
+            # not its JSON (a proxy, a broken server), which must not fail the actor either.
             if request.drain:
                 self._hub.emit(ConsumerDeleteFailed(self.stream, self.consumer, exc))
                 return None
