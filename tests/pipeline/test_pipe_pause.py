@@ -78,7 +78,7 @@ async def test_paused_pipeline_waits_alive_and_resumed_delivers_each_once(
     pipe.source(source(consume=QUICK)).sink(sink, batch=SMALL)
     async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
         await sink.wait_for(10)
-        buffer = run.sources[0].buffer
+        buffer = run.sources[0].messages
         assert isinstance(buffer, StatusCountingBuffer)
         log = EventLog(buffer.events())
         async with trio.open_nursery() as nursery:

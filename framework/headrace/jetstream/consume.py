@@ -270,8 +270,9 @@ class ConsumeBuffer(Actor[_Control]):
         # keep_alive(), so messages waiting here for a slow reader are not redelivered.
         self._arrivals: deque[list[float]] = deque()
         #: When the oldest message of the last batch taken arrived (or was last kept alive by
-        #: ``+WPI``): its ack_wait runs from then, not from when it was taken.
-        self.taken_since = 0.0
+        #: ``+WPI``): its ack_wait runs from then, not from when it was taken. (The pipeline's
+        #: source port, ``headrace.pipeline.message_source``, reads it.)
+        self.taken_since: float | None = 0.0
         self._getters = trio.lowlevel.ParkingLot()
         self._hub: EventHub[ConsumeEvent] = EventHub()
         self._sub: Any = None

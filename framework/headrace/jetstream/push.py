@@ -342,6 +342,19 @@ class PushSubscription:
         if self.lifecycle.running:
             await self.lifecycle.end(drain=True, timeout=timeout)
 
+    # -- the pipeline's source port (headrace.pipeline.message_source) -------------------------
+
+    #: A batch's ack wait is taken to start when it is taken: arrivals are not stamped per
+    #: message here (see :meth:`keep_alive`).
+    taken_since: float | None = None
+
+    def keep_alive(self, arrived_before: float) -> int:
+        """Sends nothing, and says so (0). Unlike a pull consumer's buffer, which holds only
+        what its own requests asked for, a push subscription's buffer is filled by the server
+        up to the consumer's ``max_ack_pending``, and its arrivals are not stamped one by one;
+        a reader slower than the ack wait is redelivered what waits here (NOTES.md)."""
+        return 0
+
     def _close(self) -> None:
         self._queue.close()
         self._hub.close()

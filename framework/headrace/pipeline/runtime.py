@@ -158,11 +158,11 @@ class PipelineRun:
         node = source.node
         source.consumer_name = info.name
         source.bound.set()
-        buffer = source.buffer
+        messages = source.messages
         self.tracker.learn_ack_wait(
             node.name,
             info.config.ack_wait or DEFAULT_ACK_WAIT,
-            getattr(buffer, "keep_alive", None),  # pull sources: their consume buffer's
+            None if messages is None else messages.keep_alive,
         )
         self.check_consumer(node, info)
 

@@ -31,6 +31,7 @@ from headrace.jetstream.reset import supports_reset
 from headrace.jetstream.transient import is_transient, retry_transient
 from headrace.pipeline.ack_tracker import DEFAULT_ACK_WAIT
 from headrace.pipeline.batch import Batch
+from headrace.pipeline.message_source import MessageSource
 from headrace.pipeline.record import Record
 from headrace.pipeline.sink import RecordsRejected, SinkContext, SinkError
 from headrace.pipeline.sink_retry import BatchCommitter
@@ -62,7 +63,7 @@ class SourceHost(Protocol):
     """What a source stage needs of its run: the JetStream context to consume through, the
     tracker to ask for room and report to, how many messages it may hold, and to be told once
     its consumer is bound (the run checks the batches against it and gives the tracker the
-    consume buffer's ``keep_alive``)."""
+    source's ``keep_alive``)."""
 
     @property
     def js(self) -> JetStream: ...
@@ -157,7 +158,9 @@ class SourceStage(Stage):
         super().__init__(f"source:{node.name}", node, run.tracker)
         self.run_ = run
         self.subscription: Any = None
-        self.buffer: Any = None
+        #: What the stage takes messages from (a pull consumer's consume buffer, or the push
+        #: subscription itself), once bound: the one thing it speaks to.
+        self.messages: MessageSource | None = None
         #: The name of the bound consumer (a durable's, or the server's for an ephemeral one).
         self.consumer_name: str | None = None
         self._drain_requested = trio.Event()
@@ -170,8 +173,9 @@ class SourceStage(Stage):
         found: list[Actor[Any]] = []
         if self.subscription is not None:
             found.extend(self.subscription.actors)
-        if self.buffer is not None and self.buffer not in found:
-            found.append(self.buffer)
+        messages = self.messages
+        if messages is not None and messages is not self.subscription:  # a consume buffer
+            found.append(messages)  # type: ignore[arg-type]
         return found
 
     async def run(self) -> None:
@@ -233,10 +237,10 @@ class SourceStage(Stage):
                 if self.run_.replays_in_order(self.node):
                     await self._replay_in_order(sub.consumer.cached_info)
                 await self._wait_for_sinks()
-                async with sub.consume(spec.consume_options()) as messages:
-                    self.buffer = messages
+                async with sub.consume(spec.consume_options()) as buffer:
+                    self.messages = buffer
                     self.run_.bound(self, sub.consumer.cached_info)
-                    await self._pump(messages, tracker)
+                    await self._pump(buffer, tracker)
         else:
             await self._wait_for_sinks()  # a push consumer delivers from its subscribe on
             async with js.subscribe(
@@ -246,7 +250,7 @@ class SourceStage(Stage):
                 config=config,
                 delete_policy=spec.delete_policy,
             ) as sub:
-                self.subscription = sub
+                self.subscription = self.messages = sub
                 self.run_.bound(self, sub.info)
                 await self._pump(sub, tracker)
         await self.forward_end()
@@ -379,7 +383,7 @@ class SourceStage(Stage):
         with trio.move_on_after(wait):
             await self._drain_requested.wait()
 
-    async def _pump(self, messages: Any, tracker: AckTracker) -> None:
+    async def _pump(self, messages: MessageSource, tracker: AckTracker) -> None:
         name = self.node.name
         limit = self.run_.max_in_flight(self.node)
         async with trio.open_nursery() as nursery:
@@ -390,16 +394,14 @@ class SourceStage(Stage):
                     batch = await messages.next_batch(room)
                 except SubscriptionClosedError:
                     break  # drained: everything taken has been passed on
-                await self.forward(
-                    tracker.admit(batch, name, getattr(messages, "taken_since", None))
-                )
+                await self.forward(tracker.admit(batch, name, messages.taken_since))
             if not self._drain_requested.is_set():
                 nursery.cancel_scope.cancel()
             # else: let the drain finish (a push subscription's drain waits for its acks,
             # which the stages downstream are about to produce)
 
     @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the app (shutdown.py)
-    async def _drain_when_asked(self, messages: Any) -> None:
+    async def _drain_when_asked(self, messages: MessageSource) -> None:
         await self._drain_requested.wait()
         await messages.drain()
 

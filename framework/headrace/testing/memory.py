@@ -355,6 +355,12 @@ class MemoryBuffer:
         self.consumer.end()
         await trio.lowlevel.checkpoint()
 
+    #: Nothing waits here with its ack wait running: a batch is made when it is taken.
+    taken_since: float | None = None
+
+    def keep_alive(self, arrived_before: float) -> int:
+        return 0
+
 
 class MemorySubscription:
     """A bound consumer, as ``pull_subscribe`` or ``subscribe`` gives it to a source."""
@@ -382,6 +388,11 @@ class MemorySubscription:
 
     async def drain(self, timeout: float | None = None) -> None:
         await self.buffer.drain(timeout)
+
+    taken_since: float | None = None
+
+    def keep_alive(self, arrived_before: float) -> int:
+        return 0
 
 
 @attrs.frozen(slots=True)
