@@ -1,7 +1,7 @@
-"""``import headrace`` is the front door: what a pipeline author needs first, and every error
-base class; each sub-package has a curated ``__all__``. The front door loads the pipeline
-runtime only when one of its names is used, and names it no longer lists still work, with a
-DeprecationWarning."""
+"""``import headrace`` is the front door: the nouns a pipeline author builds with, and the base
+classes of the errors they catch; leaf errors stay in their packages, each sub-package with a
+curated ``__all__``. The front door loads the pipeline runtime only when one of its names is
+used."""
 
 from __future__ import annotations
 
@@ -48,12 +48,28 @@ FIRST_NEEDS = {
     "SinkError",
     "PipelineError",
     "CheckpointError",
-    "ActorFailed",
 }
+
+#: Exceptions at the front door that are no base class: the two a sink raises.
+RAISED_BY_SINKS = {"RecordsRejected", "SinkUnavailable"}
 
 
 def test_the_front_door_has_what_a_pipeline_author_needs_first():
     assert set(headrace.__all__) >= FIRST_NEEDS
+
+
+def test_the_front_door_lists_base_errors_only():
+    """A leaf error (``StreamNotFound``, ``KeyNotFound``) is imported from its package: at the
+    front door, an exception class is one others derive from (what ``except`` catches)."""
+    leaves = {
+        name
+        for name in headrace.__all__
+        if isinstance(value := getattr(headrace, name), type)
+        and issubclass(value, BaseException | Warning)
+        and not value.__subclasses__()
+    }
+    assert leaves == RAISED_BY_SINKS
+    assert len(headrace.__all__) < 60
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -92,7 +108,7 @@ def test_names_no_longer_listed_are_gone():
 
     assert headrace.jetstream.KeyValue is not None
     assert "KeyValue" not in headrace.__all__
-    for name in ("KeyValue", "NoSuchThing"):
+    for name in ("KeyValue", "StreamNotFound", "ConnectionClosedError", "NoSuchThing"):
         with pytest.raises(AttributeError):
             getattr(headrace, name)
 

@@ -174,8 +174,8 @@ class SourceStage(Stage):
         if self.subscription is not None:
             found.extend(self.subscription.actors)
         messages = self.messages
-        if messages is not None and messages is not self.subscription:  # a consume buffer
-            found.append(messages)  # type: ignore[arg-type]
+        if messages is not None and messages is not self.subscription and messages not in found:
+            found.append(messages)  # type: ignore[arg-type]  # a consume buffer, an actor
         return found
 
     async def run(self) -> None:
