@@ -24,8 +24,9 @@ _cache_bytecode()
 
 import pytest  # noqa: E402 - after the bytecode setting, so that what follows is cached
 from hypothesis import settings  # noqa: E402
-from natspy_peer import NatsPyPeer  # noqa: E402
-from servers import NatsCluster, NatsServer, TLSFiles  # noqa: E402
+
+from tests.natspy_peer import NatsPyPeer  # noqa: E402
+from tests.servers import NatsCluster, NatsServer, TLSFiles  # noqa: E402
 
 settings.register_profile("ci", max_examples=2000, deadline=None)
 settings.register_profile("dev", max_examples=200, deadline=None)

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 import nats
 import nats.js.errors
 import trio
-from waiting import NO_SUITABLE_PEERS
+
+from tests.waiting import NO_SUITABLE_PEERS
 
 T = TypeVar("T")
 

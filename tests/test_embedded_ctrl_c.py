@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from natspy_peer import consumer_info
+
+from tests.natspy_peer import consumer_info
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,8 +22,9 @@ import pytest
 import trio
 from nats.aio.client import Client
 from nats.js.api import StorageType
-from natspy_peer import once_placed_natspy
-from servers import (
+
+from tests.natspy_peer import once_placed_natspy
+from tests.servers import (
     CLUSTER_TIMEOUT,
     LDM_LINE,
     META_LEADER_OTHER_RE,

@@ -14,13 +14,14 @@ from collections.abc import Callable
 import headrace.localserver
 import headrace.protocol.events as events
 import pytest
-import servers
 from headrace.checkpoints import RetryPolicy
 from headrace.jetstream import ConsumeOptions, PullRequest
 from headrace.nats import ConnectOptions
 from headrace.pipeline import BatchPolicy, SinkRetry
 from headrace.protocol import PING, PONG, Msg, Ping, Pong
 from headrace.protocol.events import PING_EVENT, PONG_EVENT, messages_size
+
+from tests import servers
 
 NEGATIVE = r"^{} must not be negative, not {}$"
 POSITIVE = r"^{} must be positive, not {}$"

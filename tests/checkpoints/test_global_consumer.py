@@ -19,7 +19,8 @@ from headrace.checkpoints.subscription import (
 from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value
 from headrace.nats import connect
-from natspy_peer import wait_consumer
+
+from tests.natspy_peer import wait_consumer
 
 
 @pytest.mark.parametrize(

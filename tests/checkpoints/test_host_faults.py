@@ -28,14 +28,15 @@ from typing import Any
 
 import pytest
 import trio
-from fault_host import CONCURRENCY, RESERVATION
 from headrace.checkpoints import Checkpoint, CheckpointStore, Status
 from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value
 from headrace.jetstream.transient import retry_transient
 from headrace.nats import connect
-from host_output import read_lines
-from stored import until_group_stored
+
+from tests.checkpoints.fault_host import CONCURRENCY, RESERVATION
+from tests.checkpoints.host_output import read_lines
+from tests.checkpoints.stored import until_group_stored
 
 pytestmark = pytest.mark.slow
 

@@ -33,8 +33,9 @@ from headrace.jetstream.errors import ConsumerNotFound
 from headrace.jetstream.kv import KeyValueConfig, create_key_value
 from headrace.nats import connect
 from nats.js.api import DiscardPolicy, RetentionPolicy
-from natspy_peer import consumer_info, wait_consumer
-from stored import until_stored
+
+from tests.checkpoints.stored import until_stored
+from tests.natspy_peer import consumer_info, wait_consumer
 
 
 def billing(handler: Any = None) -> SubscriptionGroup:

@@ -25,8 +25,9 @@ from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value
 from headrace.jetstream.transient import retry_transient
 from headrace.nats import connect
-from host_output import read_lines
-from stored import until_stored
+
+from tests.checkpoints.host_output import read_lines
+from tests.checkpoints.stored import until_stored
 
 ENTITIES = 8
 ROUNDS = 4  # events per entity published before the first restart and after each of three

@@ -29,7 +29,8 @@ from headrace.checkpoints.worker import CheckpointWorkers
 from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, create_key_value, key_value
 from headrace.nats import connect
-from stored import until_group_stored, until_stored
+
+from tests.checkpoints.stored import until_group_stored, until_stored
 
 ENTITIES = 5
 EVENTS = 6

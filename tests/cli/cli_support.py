@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from procs import LineProcess
+
+from tests.procs import LineProcess
 
 HEADRACE = str(Path(sys.executable).parent / "headrace")
 
@@ -52,19 +53,15 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 class HeadraceProcess(LineProcess):
-    """A running ``headrace`` command; its stdout and stderr collected as lines."""
+    """A running ``headrace`` command; its stdout and stderr collected as lines. Its events are
+    its JSON log lines (``--json-logs``), every stderr line."""
+
+    events_on = "err"
+    strict_events = True
 
     def __init__(self, proc: trio.Process, args: list[str]) -> None:
-        super().__init__(proc)
+        super().__init__(proc, f"$ headrace {' '.join(args)}")
         self.args = args
-
-    def transcript(self) -> str:
-        return (
-            f"$ headrace {' '.join(self.args)}\n--- stderr ---\n"
-            + "\n".join(self.err[-60:])
-            + "\n--- stdout ---\n"
-            + "\n".join(self.out[-20:])
-        )
 
     async def wait_line(
         self,
@@ -93,16 +90,6 @@ class HeadraceProcess(LineProcess):
             raise AssertionError(
                 f"no expected line within {timeout}s\n" + self.transcript()
             ) from None
-
-    def events(self) -> list[dict[str, Any]]:
-        """Every stderr line parsed as JSON (``--json-logs``); a non-JSON line fails the test."""
-        found = []
-        for line in self.err:
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                raise AssertionError(f"not a JSON line: {line!r}\n{self.transcript()}") from None
-        return found
 
     async def wait_event(
         self,

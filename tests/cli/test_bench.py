@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from cli_support import HEADRACE
 from headrace.cli.main import build_parser
 from headrace_bench import e2e
+
+from tests.cli.cli_support import HEADRACE
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,8 +9,9 @@ import subprocess
 from typing import Any
 
 import pytest
-from cli_support import HEADRACE
 from headrace.cli.main import build_parser
+
+from tests.cli.cli_support import HEADRACE
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import HEADRACE
 from headrace.cli.main import build_parser
 from headrace_bench import scale
+
+from tests.cli.cli_support import HEADRACE
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -10,10 +10,11 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
-from cli_support import HEADRACE
 from headrace.cli.main import build_parser
 from headrace.state import to_micros
 from headrace_bench import windows
+
+from tests.cli.cli_support import HEADRACE
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import consumer_info, create_stream, publish, run_headrace, write_pipeline
+
+from tests.cli.cli_support import (
+    consumer_info,
+    create_stream,
+    publish,
+    run_headrace,
+    write_pipeline,
+)
 
 pytestmark = pytest.mark.slow
 

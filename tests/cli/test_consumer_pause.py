@@ -12,7 +12,8 @@ import nats
 import pytest
 from headrace.cli.main import main
 from headrace.jetstream.codec import parse_time
-from natspy_peer import NatsPyPeer
+
+from tests.natspy_peer import NatsPyPeer
 
 Run = tuple[int, str, str]
 

@@ -1,13 +1,13 @@
 """``headrace demo`` refusing to run, clearly, before any Spark work (the full run is in
-tests/spark/test_spark_demo.py)."""
+tests/spark/test_demo.py)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from cli_support import clean_env, create_stream, run_headrace
-from servers import free_port
+from tests.cli.cli_support import clean_env, create_stream, run_headrace
+from tests.servers import free_port
 
 
 async def test_without_java_names_the_package(tmp_path: Path) -> None:

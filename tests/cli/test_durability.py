@@ -8,8 +8,16 @@ import signal
 from pathlib import Path
 
 import pytest
-from cli_support import consumer_info, create_stream, headrace, publish, read_jsonl, write_pipeline
-from natspy_peer import wait_consumer
+
+from tests.cli.cli_support import (
+    consumer_info,
+    create_stream,
+    headrace,
+    publish,
+    read_jsonl,
+    write_pipeline,
+)
+from tests.natspy_peer import wait_consumer
 
 N = 20_000
 
@@ -106,8 +114,8 @@ async def test_a_stall_past_ack_wait_mid_batch_writes_each_message_once_in_local
 ) -> None:
     # Issue 23: the redeliveries of a stall joined the batch that held the first deliveries,
     # and the local-mode jsonl sink wrote a line for each delivery. (A redelivery of a held
-    # message is no longer taken again, test_pipe_held_redelivery.py; the sink writes one
-    # delivery of a message a batch holds twice, test_sink_jsonl.py.)
+    # message is no longer taken again, test_held_redelivery.py; the sink writes one
+    # delivery of a message a batch holds twice, test_jsonl.py.)
     n = 300
     await create_stream(natspy, nats_server.url)
     await publish(natspy, n)

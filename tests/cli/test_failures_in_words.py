@@ -16,7 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import (
+from headrace.cli.failures import FailureEvents
+from headrace.nats.servers import ServerAddress, redact_url
+from headrace.pipeline.stats import PipelineStats
+
+from tests.cli.cli_support import (
     create_stream,
     headrace,
     metrics_samples,
@@ -24,10 +28,7 @@ from cli_support import (
     run_headrace,
     write_pipeline,
 )
-from headrace.cli.failures import FailureEvents
-from headrace.nats.servers import ServerAddress, redact_url
-from headrace.pipeline.stats import PipelineStats
-from servers import UserPasswordAuth, free_port, user_password_auth
+from tests.servers import UserPasswordAuth, free_port, user_password_auth
 
 N = 30
 NAME_ERROR = "NameError: name 'undefined_name' is not defined"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_support import run_headrace, write_pipeline
 from headrace.cli.target import load_target
+
+from tests.cli.cli_support import run_headrace, write_pipeline
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "orders_pipeline.py"
 

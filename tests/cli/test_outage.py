@@ -11,15 +11,23 @@ away fails them."""
 from __future__ import annotations
 
 import collections
-import json
 import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from cli_support import consumer_info, create_stream, headrace, publish, read_jsonl, write_pipeline
-from natspy_peer import wait_consumer
+
+from tests.cli.cli_support import (
+    consumer_info,
+    create_stream,
+    headrace,
+    publish,
+    read_jsonl,
+    write_pipeline,
+)
+from tests.natspy_peer import wait_consumer
+from tests.procs import json_events
 
 N = 2_000
 #: How long the lake is down: the point of the test (four times the consumer's ack wait).
@@ -54,7 +62,7 @@ def pipeline_file(tmp_path: Path, options: str) -> tuple[Path, Path, Path]:
 
 def events(process: Any) -> list[dict[str, Any]]:
     """The JSON events on stderr (the one line that says why a run failed is for people)."""
-    return [json.loads(line) for line in process.err if line.startswith("{")]
+    return json_events(process.err)
 
 
 def stats(process: Any) -> dict[str, Any]:

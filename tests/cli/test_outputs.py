@@ -1,6 +1,6 @@
 """``headrace outputs``: its argument checks and its errors, against a real server where one is
 needed. Its work on a real shared output (show, reset after a recreated stream) is tested in
-tests/spark/test_spark_workers.py; its sweep in tests/commits."""
+tests/spark/test_workers.py; its sweep in tests/commits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import run_headrace
+
+from tests.cli.cli_support import run_headrace
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_support import HEADRACE, clean_env
 from headrace.cli import plugins
 from headrace.cli.main import build_parser
+
+from tests.cli.cli_support import HEADRACE, clean_env
 
 FRAMEWORK = Path(__file__).resolve().parents[2] / "framework" / "headrace"
 

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 import trio
-from cli_support import (
+from headrace.shutdown import SAME_REQUEST_WINDOW
+
+from tests.cli.cli_support import (
     consumer_info,
     create_stream,
     headrace,
@@ -24,8 +26,7 @@ from cli_support import (
     run_headrace,
     write_pipeline,
 )
-from headrace.shutdown import SAME_REQUEST_WINDOW
-from servers import free_port, token_auth, user_password_auth
+from tests.servers import free_port, token_auth, user_password_auth
 
 MEMORY = """\
 pipeline = Pipeline("mem")
@@ -418,7 +419,7 @@ async def test_connection_refused_exits_2(tmp_path: Path) -> None:
 
 
 async def test_nats_url_from_the_environment(tmp_path: Path) -> None:
-    from cli_support import clean_env
+    from tests.cli.cli_support import clean_env
 
     path = write_pipeline(tmp_path, MEMORY)
     url = f"nats://127.0.0.1:{free_port()}"

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import consumer_info, create_stream, headrace, publish, write_pipeline
 from headrace.shutdown import SAME_REQUEST_WINDOW
+
+from tests.cli.cli_support import consumer_info, create_stream, headrace, publish, write_pipeline
 
 #: A batch that only the drain cuts, and a write that takes a while: the drain is still going
 #: when a second signal comes right after the first.

@@ -26,7 +26,6 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from cli_support import headrace, metrics_samples, run_headrace, write_pipeline
 from headrace.cli.metrics import Snapshot, render
 from headrace.cli.progress import LiveView, PlainLines, Sample
 from headrace.cli.state import StateCommandError, confirm, decode, describe
@@ -39,6 +38,8 @@ from headrace.pipeline.stats import STATEFUL, PipelineStats, state_figures
 from headrace.sinks import MemorySink
 from headrace.state import TumblingWindow, WindowOperator, WindowResult, count, to_micros
 from headrace.state.snapshots import SnapshotStore
+
+from tests.cli.cli_support import headrace, metrics_samples, run_headrace, write_pipeline
 
 BASE = 1_700_000_000.0
 SIZE = 60.0
@@ -553,7 +554,7 @@ async def test_bad_arguments_exit_2() -> None:
 
 
 async def test_no_server_exits_2(tmp_path: Path) -> None:
-    from servers import free_port
+    from tests.servers import free_port
 
     done = await run_headrace(
         "state", "show", "p", "--nats", f"nats://127.0.0.1:{free_port()}", "--connect-timeout", "1"

@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import PIPELINE_HEADER, write_pipeline
 from headrace.cli.overrides import OverrideError, Overrides, parse_value
 from headrace.cli.target import TargetError, load_target, split_target
 from headrace.pipeline import Pipeline
 from headrace.sinks import JsonlSink, MemorySink, SinkLoadError, StdoutSink, UnknownSink
+
+from tests.cli.cli_support import PIPELINE_HEADER, write_pipeline
 
 PIPE = """\
 def build(name="orders"):

@@ -22,12 +22,13 @@ import nats
 import nats.js.errors
 import pytest
 import trio
-from cli_support import HEADRACE, HeadraceProcess, clean_env, headrace, run_headrace
 from headrace.cli.main import main
 from headrace.jetstream import JetStreamAPIError
 from headrace.localserver import free_port
-from natspy_peer import NatsPyPeer
-from waiting import NO_SUITABLE_PEERS, once_placed
+
+from tests.cli.cli_support import HEADRACE, HeadraceProcess, clean_env, headrace, run_headrace
+from tests.natspy_peer import NatsPyPeer
+from tests.waiting import NO_SUITABLE_PEERS, once_placed
 
 Run = tuple[int, str, str]
 

@@ -4,10 +4,10 @@ usual non-zero codes of docs/failures.md otherwise."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
-from cli_support import (
+from tests.cli.cli_support import (
     consumer_info,
     create_stream,
     publish,
@@ -15,6 +15,7 @@ from cli_support import (
     run_headrace,
     write_pipeline,
 )
+from tests.procs import json_events
 
 BACKFILL = """\
 def bad_three(order):
@@ -39,8 +40,8 @@ def backfill(tmp_path: Path, *, poison: bool = False, dead_letter: str | None = 
     return write_pipeline(tmp_path, body)
 
 
-def events(stderr: bytes) -> list[dict[str, object]]:
-    return [json.loads(line) for line in stderr.decode().splitlines() if line.startswith("{")]
+def events(stderr: bytes) -> list[dict[str, Any]]:
+    return json_events(stderr.decode().splitlines())
 
 
 async def test_exits_0_once_caught_up_with_every_message_written_once(

@@ -20,18 +20,6 @@ from typing import Any
 
 import pytest
 import trio
-from cli_support import (
-    HeadraceProcess,
-    ProcessWatch,
-    consumer_info,
-    create_stream,
-    headrace,
-    metrics_samples,
-    publish,
-    read_jsonl,
-    run_headrace,
-    write_pipeline,
-)
 from headrace.cli.main import build_parser
 from headrace.cli.metrics import Snapshot, render
 from headrace.cli.progress import JsonLines, LiveView, PartitionsHeld, PlainLines, Sample
@@ -43,8 +31,21 @@ from headrace.cli.workers import (
     worker_argv,
     worker_secrets,
 )
-from natspy_peer import wait_consumer
-from servers import free_port, user_password_auth
+
+from tests.cli.cli_support import (
+    HeadraceProcess,
+    ProcessWatch,
+    consumer_info,
+    create_stream,
+    headrace,
+    metrics_samples,
+    publish,
+    read_jsonl,
+    run_headrace,
+    write_pipeline,
+)
+from tests.natspy_peer import wait_consumer
+from tests.servers import free_port, user_password_auth
 
 #: Every worker writes into one JsonlSink directory, shared through the commit protocol
 #: (docs/scaling.md), as the pipeline's workers normally do.

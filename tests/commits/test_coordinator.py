@@ -32,7 +32,8 @@ from headrace.commits.coordinator import HISTORY
 from headrace.jetstream import JetStream
 from headrace.jetstream.kv import KeyValueConfig, Operation, create_key_value, key_value
 from headrace.nats import connect
-from waiting import FAST, once_placed
+
+from tests.waiting import FAST, once_placed
 
 S = StreamIdentity("S", "2026-01-01T00:00:00.000000Z")
 OWNER = "pipe/sink"

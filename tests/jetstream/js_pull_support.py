@@ -1,8 +1,9 @@
-"""Helpers for the pull consumer tests (``test_js_pull*.py``, ``test_js_consume*.py``).
+"""Helpers for the pull consumer tests (``test_pull*.py``, ``test_consume*.py``).
 
 - :func:`setup_pull`: a stream and a pull consumer on a real server.
-- :class:`ProbeBuffer`: the real consume buffer with a notification on every change, installed
-  with :func:`use_probe`, so tests wait for a buffer state as an event instead of sleeping.
+- :func:`probed_consume`: a consume watched from outside (:class:`ConsumeProbe`: what the server
+  sends its inbox, the buffer's counts after every task step), so tests wait for a buffer state
+  as an event instead of sleeping.
 - :class:`FakeJetStream`: a scripted server that speaks just enough of the protocol for a pull
   consumer, for exact status sequences a real server does not produce on demand.
 """
@@ -10,30 +11,31 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import attrs
-import pytest
 import trio
 import trio.testing
 from headrace.jetstream import (
     AckPolicy,
     ConsumeBuffer,
+    ConsumeOptions,
     ConsumerConfig,
     ConsumerInfo,
     JetStream,
     PullConsumer,
     StreamConfig,
 )
-from headrace.jetstream import pull_consumer as pull_consumer_module
+from headrace.nats import Connection
 from headrace.protocol.events import Msg
-from natspy_peer import consumer_info, wait_consumer
+
+from tests.natspy_peer import consumer_info, wait_consumer
 
 E = TypeVar("E")
 
 
-#: Quick reconnects, as in tests/connection.
 async def setup_pull(
     js: JetStream,
     *,
@@ -103,57 +105,109 @@ async def poll_consumer(
     return await wait_consumer(natspy, predicate, stream, name, timeout)
 
 
-# -- the probing consume buffer ---------------------------------------------------------------
+# -- watching a consume from outside -----------------------------------------------------------
 
 
-class ProbeBuffer(ConsumeBuffer):
-    """The real :class:`ConsumeBuffer`, plus a change notification and a record of what it saw.
+class ConsumeProbe(trio.abc.Instrument):
+    """Watches a real consume buffer from outside; nothing of the framework is replaced.
 
-    Every message batch from the server and every pull request attempt notifies waiters, and
-    the maxima of the buffered and pending counts are kept (memory bound checks).
+    - What the server sends to the consume's inbox, as the server copies it to a second
+      subscription of the same connection, on all its inboxes (made before the consume starts,
+      so nothing of its first request is missed): :attr:`statuses` and :attr:`user_msgs`.
+    - The buffer's counts after every trio task step (a trio instrument; the counts change
+      only in task steps): their maxima, for memory bound checks, and :meth:`wait_until`,
+      woken in the step that makes its condition hold, instead of sleeping.
+
+    Use it through :func:`probed_consume` (or :func:`watching`).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._changed = trio.Event()
+    def __init__(self, nc: Connection) -> None:
+        self.buffer: ConsumeBuffer | None = None
+        #: (status, description) of every status message sent to the consume's inbox.
+        self.statuses: list[tuple[int, str]] = []
+        #: The user messages sent to the consume's inbox.
+        self.user_msgs = 0
         self.max_buffered = 0
         self.max_pending_msgs = 0
         self.max_pending_bytes = 0
         self.max_buffered_bytes = 0
-        self.statuses: list[tuple[int, str]] = []
-        self.user_msgs = 0
+        self._early: list[Msg] = []  # inbox copies that came before the buffer was known
+        self._waiters: list[tuple[Callable[[], bool], trio.Event]] = []
+        self.sub = nc.subscribe_nowait(f"{nc.options.inbox_prefix}.>", handler=self._on_copies)
 
-    def _note(self) -> None:
-        self.max_buffered = max(self.max_buffered, self.buffered)
-        self.max_pending_msgs = max(self.max_pending_msgs, self.pending_msgs)
-        self.max_pending_bytes = max(self.max_pending_bytes, self.pending_bytes)
-        self.max_buffered_bytes = max(self.max_buffered_bytes, self._buffered_bytes)
-        self._changed.set()
-        self._changed = trio.Event()
+    def watch(self, buffer: ConsumeBuffer) -> None:
+        self.buffer = buffer
+        early, self._early = self._early, []
+        self._on_copies(early)
+        self.after_task_step(None)
 
-    def _on_batch(self, batch: list[Msg]) -> None:
+    def _on_copies(self, batch: list[Msg]) -> None:
+        """The server's copies of messages to the connection's inboxes (in its reader task)."""
+        if self.buffer is None:
+            self._early.extend(batch)
+            return
+        inbox = self.buffer.inbox_subject
         for msg in batch:
-            if msg.reply is None and msg.status is not None:
-                self.statuses.append((msg.status, msg.description))
-            elif msg.reply is not None:
+            if msg.subject != inbox:
+                continue  # another inbox: a request's reply
+            if msg.reply is not None:
                 self.user_msgs += 1
-        super()._on_batch(batch)
-        self._note()
+            elif msg.status is not None:
+                self.statuses.append((msg.status, msg.description))
 
-    def _pull(self) -> bool:
-        sent = super()._pull()  # the production answer: callers branch on it
-        self._note()
-        return sent
+    def after_task_step(self, task: Any) -> None:
+        buffer = self.buffer
+        if buffer is None:
+            return
+        self.max_buffered = max(self.max_buffered, buffer.buffered)
+        self.max_pending_msgs = max(self.max_pending_msgs, buffer.pending_msgs)
+        self.max_pending_bytes = max(self.max_pending_bytes, buffer.pending_bytes)
+        self.max_buffered_bytes = max(self.max_buffered_bytes, buffer._buffered_bytes)
+        for waiter in list(self._waiters):
+            predicate, event = waiter
+            if predicate():
+                self._waiters.remove(waiter)
+                event.set()
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float = 5) -> None:
-        with trio.fail_after(timeout):
-            while not predicate():
-                await self._changed.wait()
+        """Until ``predicate()`` holds (checked after every task step)."""
+        if predicate():
+            return
+        waiter = (predicate, trio.Event())
+        self._waiters.append(waiter)
+        try:
+            with trio.fail_after(timeout):
+                await waiter[1].wait()
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
 
 
-def use_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ``PullConsumer.consume`` build :class:`ProbeBuffer` instead of ConsumeBuffer."""
-    monkeypatch.setattr(pull_consumer_module, "ConsumeBuffer", ProbeBuffer)
+@asynccontextmanager
+async def watching(nc: Connection) -> AsyncIterator[ConsumeProbe]:
+    """A :class:`ConsumeProbe` on ``nc``, for a consume started in the block (a pipeline's,
+    say): hand it the buffer with :meth:`ConsumeProbe.watch` once there is one."""
+    probe = ConsumeProbe(nc)  # its SUB goes out before the consume's
+    trio.lowlevel.add_instrument(probe)
+    try:
+        yield probe
+    finally:
+        trio.lowlevel.remove_instrument(probe)
+        if not nc.is_closed:
+            nc.unsubscribe_nowait(probe.sub)
+
+
+@asynccontextmanager
+async def probed_consume(
+    consumer: PullConsumer, options: ConsumeOptions | None = None, **kwargs: Any
+) -> AsyncIterator[tuple[ConsumeBuffer, ConsumeProbe]]:
+    """``consumer.consume(options, **kwargs)``, watched by a :class:`ConsumeProbe`."""
+    async with (
+        watching(consumer.js.nc) as probe,
+        consumer.consume(options, **kwargs) as messages,
+    ):
+        probe.watch(messages)
+        yield messages, probe
 
 
 # -- the scripted server ----------------------------------------------------------------------

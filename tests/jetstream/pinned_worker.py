@@ -1,5 +1,5 @@
 """A pipeline worker on a ``pinned_client`` priority group, run as a child process by
-``test_js_priority_groups.py``: ``python pinned_worker.py URL STREAM DURABLE GROUP EXPIRES``.
+``test_priority_groups.py``: ``python pinned_worker.py URL STREAM DURABLE GROUP EXPIRES``.
 
 It runs a pipeline whose source pulls from the durable consumer DURABLE of STREAM as a member of
 GROUP (``JetStreamSource(priority_group=GROUP)``) into a memory sink, and prints JSON lines on

@@ -35,9 +35,10 @@ from headrace.jetstream import (
 )
 from headrace.nats import connect
 from headrace.protocol import Headers
-from natspy_peer import once_placed_natspy
-from servers import permissions_auth
-from waiting import FAST, once_placed
+
+from tests.natspy_peer import once_placed_natspy
+from tests.servers import permissions_auth
+from tests.waiting import FAST, once_placed
 
 MEM = StorageType.MEMORY
 

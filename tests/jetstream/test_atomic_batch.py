@@ -40,7 +40,8 @@ from headrace.jetstream.atomic_batch import BATCH_ABANDONED_ADVISORY
 from headrace.jetstream.codec import from_json
 from headrace.jetstream.stream_config import StreamSource
 from headrace.nats import connect
-from servers import NatsServer
+
+from tests.servers import NatsServer
 
 TIMEOUT = 10
 BATCH_ID = "Nats-Batch-Id"

@@ -295,7 +295,7 @@ def test_every_enum_member_round_trips(enum_cls: Any) -> None:
         if model is StreamConfig:
             obj: Any = StreamConfig(name="S", **{field: member})
         elif member is AckPolicy.FLOW_CONTROL:
-            # (What the policy needs: test_js_flow_control_ack.py.)
+            # (What the policy needs: test_flow_control_ack.py.)
             obj = ConsumerConfig(
                 ack_policy=member,
                 deliver_subject="d",
@@ -569,7 +569,7 @@ consumer_configs = st.builds(
     deliver_policy=_opt(st.sampled_from(DeliverPolicy)),
     opt_start_seq=_opt(st.integers(min_value=0, max_value=2**63 - 1)),
     opt_start_time=_opt(aware_datetimes),
-    # (flow_control has requirements of its own: test_js_flow_control_ack.py.)
+    # (flow_control has requirements of its own: test_flow_control_ack.py.)
     ack_policy=_opt(st.sampled_from([p for p in AckPolicy if p is not AckPolicy.FLOW_CONTROL])),
     ack_wait=_opt(_ns_seconds),
     max_deliver=_opt(st.integers(min_value=-1, max_value=10**6)),

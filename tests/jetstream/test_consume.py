@@ -1,8 +1,9 @@
 """``consume()`` against a real nats-server (ADR-37 "Consume specification").
 
-The consume buffer is the real one with a change notification (``ProbeBuffer``), so tests
-wait for buffer states as events. nats-py publishes and reads consumer state as the
-independent peer.
+Where a test waits for a buffer state, the consume is watched from outside
+(``probed_consume``: the server's copies of what it sends the consume's inbox, the buffer's
+counts after every task step), so it waits for an event, not a time. nats-py publishes and
+reads consumer state as the independent peer.
 """
 
 from __future__ import annotations
@@ -12,16 +13,17 @@ import trio
 from headrace.errors import SubscriptionClosedError
 from headrace.jetstream import ConsumerDeleted, HeartbeatsMissed, JetStream, PullWarning
 from headrace.nats import connect
-from js_pull_support import (
+
+from tests.jetstream.js_pull_support import (
     consumer_state,
     natspy_publish,
     poll_consumer,
+    probed_consume,
     publish_n,
     seq_of,
     setup_pull,
-    use_probe,
 )
-from waiting import FAST, EventLog
+from tests.waiting import FAST, EventLog
 
 HEARTBEAT = (100, "Idle Heartbeat")
 
@@ -36,11 +38,6 @@ ALARM = pytest.mark.parametrize(
     ],
     ids=["alarm-on", "alarm-off"],
 )
-
-
-@pytest.fixture(autouse=True)
-def _probe(monkeypatch):
-    use_probe(monkeypatch)
 
 
 async def test_consume_receives_everything_in_order_and_acks(nats_server, natspy):
@@ -115,8 +112,8 @@ async def test_drain_delivers_what_was_sent_then_ends(nats_server, natspy):
         await publish_n(js, 30)
         seqs: list[int] = []
         with trio.fail_after(10):
-            async with consumer.consume(max_messages=30, expires=2) as messages:
-                await messages.wait_until(lambda: messages.buffered == 30)
+            async with probed_consume(consumer, max_messages=30, expires=2) as (messages, probe):
+                await probe.wait_until(lambda: messages.buffered == 30)
                 for msg in await messages.next_batch(5):
                     seqs.append(seq_of(msg))
                     await msg.ack()
@@ -144,16 +141,16 @@ async def test_consumer_deleted_mid_consume_ends_after_buffered_messages(nats_se
         await publish_n(js, 5)
         seqs: list[int] = []
         with trio.fail_after(10):
-            async with consumer.consume(max_messages=10, expires=5) as messages:
+            async with probed_consume(consumer, max_messages=10, expires=5) as (messages, probe):
                 # 5 of the 10 requested arrived; the request waits on the server for the rest.
-                await messages.wait_until(lambda: messages.buffered == 5)
+                await probe.wait_until(lambda: messages.buffered == 5)
 
                 async def delete() -> None:
                     await natspy.nc.jetstream().delete_consumer("S", "C")
 
                 await natspy.call(delete)
                 deleted = (409, "Consumer Deleted")
-                await messages.wait_until(lambda: deleted in messages.statuses)
+                await probe.wait_until(lambda: deleted in probe.statuses)
                 sent = messages.requests_sent
                 with pytest.raises(ConsumerDeleted) as caught:
                     async for msg in messages:
@@ -180,12 +177,15 @@ async def test_slow_reader_stops_requests_and_resumes(nats_server, natspy, alarm
         seqs: list[int] = []
         opts = {"max_messages": 20, "expires": 1, "idle_heartbeat": 0.25, **alarm}
         with trio.fail_after(15):
-            async with consumer.consume(**opts) as messages, trio.open_nursery() as nursery:
+            async with (
+                probed_consume(consumer, **opts) as (messages, probe),
+                trio.open_nursery() as nursery,
+            ):
                 log = EventLog(messages.events())
                 nursery.start_soon(log.run)
-                await messages.wait_until(lambda: HEARTBEAT in messages.statuses)
+                await probe.wait_until(lambda: HEARTBEAT in probe.statuses)
                 await natspy_publish(natspy, 500)
-                await messages.wait_until(lambda: messages.buffered >= 20)
+                await probe.wait_until(lambda: messages.buffered >= 20)
                 assert messages.buffered == 20
                 for msg in await messages.next_batch(5):
                     seqs.append(seq_of(msg))
@@ -213,8 +213,8 @@ async def test_slow_reader_stops_requests_and_resumes(nats_server, natspy, alarm
                         await msg.ack_sync(timeout=5)  # confirms every earlier ack as well
                         break
                     await msg.ack()
-                assert messages.max_buffered <= 20
-                assert messages.max_pending_msgs <= 20
+                assert probe.max_buffered <= 20
+                assert probe.max_pending_msgs <= 20
                 nursery.cancel_scope.cancel()
         assert seqs == list(range(1, 501))
         info = await consumer_state(natspy)
@@ -231,13 +231,13 @@ async def test_consume_bytes_mode_bounds_pending_bytes(nats_server, natspy, alar
         seqs: list[int] = []
         opts = {"max_bytes": budget, "expires": 1, "idle_heartbeat": 0.25, **alarm}
         with trio.fail_after(10):
-            async with consumer.consume(**opts) as messages:
-                await messages.wait_until(lambda: HEARTBEAT in messages.statuses)
+            async with probed_consume(consumer, **opts) as (messages, probe):
+                await probe.wait_until(lambda: HEARTBEAT in probe.statuses)
                 # About 250 bytes each as the server counts them: 4 fit in the budget.
                 await publish_n(js, 40, payload=b"." * 200)
                 # Not reading: the first request fills the byte budget and the server ends it.
                 size_status = (409, "Message Size Exceeds MaxBytes")
-                await messages.wait_until(lambda: size_status in messages.statuses, timeout=0.5)
+                await probe.wait_until(lambda: size_status in probe.statuses, timeout=0.5)
                 assert messages.buffered == 4
                 assert 0 < messages._buffered_bytes <= budget
                 assert messages.pending_bytes <= budget
@@ -248,9 +248,9 @@ async def test_consume_bytes_mode_bounds_pending_bytes(nats_server, natspy, alar
                     await msg.ack()
                     if len(seqs) == 40:
                         break
-                assert messages.max_pending_bytes <= budget
-                assert messages.max_buffered_bytes <= budget
-                assert messages.max_buffered <= 4
+                assert probe.max_pending_bytes <= budget
+                assert probe.max_buffered_bytes <= budget
+                assert probe.max_buffered <= 4
         assert seqs == list(range(1, 41))
 
 
@@ -261,10 +261,10 @@ async def test_drain_reads_exactly_what_one_request_brought(nats_server, natspy)
         consumer = await setup_pull(js)
         opts = {"max_messages": 30, "expires": 1, "idle_heartbeat": 0.25}
         with trio.fail_after(10):
-            async with consumer.consume(**opts) as messages:
-                await messages.wait_until(lambda: HEARTBEAT in messages.statuses)
+            async with probed_consume(consumer, **opts) as (messages, probe):
+                await probe.wait_until(lambda: HEARTBEAT in probe.statuses)
                 await publish_n(js, 100)
-                await messages.wait_until(lambda: messages.buffered >= 30)
+                await probe.wait_until(lambda: messages.buffered >= 30)
                 await messages.drain(timeout=5)
                 seqs = [seq_of(msg) async for msg in messages]
         assert seqs == list(range(1, 31))
@@ -281,13 +281,16 @@ async def test_idle_consume_renews_expired_requests_silently(nats_server):
         consumer = await setup_pull(js)
         with trio.fail_after(15):
             opts = {"max_messages": 10, "expires": 2, "idle_heartbeat": 0.5}
-            async with consumer.consume(**opts) as messages, trio.open_nursery() as nursery:
+            async with (
+                probed_consume(consumer, **opts) as (messages, probe),
+                trio.open_nursery() as nursery,
+            ):
                 log = EventLog(messages.events())
                 nursery.start_soon(log.run)
-                await messages.wait_until(lambda: (408, "Request Timeout") in messages.statuses)
-                await messages.wait_until(lambda: messages.requests_sent >= 2)
+                await probe.wait_until(lambda: (408, "Request Timeout") in probe.statuses)
+                await probe.wait_until(lambda: messages.requests_sent >= 2)
                 assert messages.buffered == 0
-                assert HEARTBEAT in messages.statuses
+                assert HEARTBEAT in probe.statuses
                 await publish_n(js, 3)
                 got: list[int] = []
                 while len(got) < 3:

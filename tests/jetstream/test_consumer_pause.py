@@ -4,9 +4,10 @@ typed refusals, and what a consume does on a paused consumer.
 The rules without a server first, then against a real nats-server (2.15 in the venv). nats-py
 knows the pause API, so it is the independent peer both ways: it reads the pause headrace set
 (the raw ``pause_until`` of the consumer's configuration) and sets one headrace reads. The
-consume test uses the probing buffer (js_pull_support.py) to wait for the server's heartbeats
-and expiries as events: the consumer stays paused across several of them, the buffer gets no
-message and raises no alarm, and after the resume it gets every message once.
+consume test watches the consume from outside (``probed_consume``, js_pull_support.py) to wait
+for the server's heartbeats and expiries as events: the consumer stays paused across several of
+them, the buffer gets no message and raises no alarm, and after the resume it gets every message
+once.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from headrace.jetstream import (
 from headrace.jetstream.codec import format_time, from_json, parse_time, to_json
 from headrace.jetstream.pause import INDEFINITELY, pause_deadline
 from headrace.nats import connect
-from js_pull_support import ProbeBuffer, natspy_publish, seq_of, use_probe
-from waiting import FAST, EventLog
+
+from tests.jetstream.js_pull_support import natspy_publish, probed_consume, seq_of
+from tests.waiting import FAST, EventLog
 
 NOW = dt.datetime(2026, 1, 31, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -230,12 +232,9 @@ async def test_refusals_are_typed(nats_server):
 
 
 @pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
-async def test_consume_on_a_paused_consumer_waits_then_gets_everything_once(
-    nats_server, natspy, monkeypatch
-):
+async def test_consume_on_a_paused_consumer_waits_then_gets_everything_once(nats_server, natspy):
     """Paused across several heartbeats and two expiries: no message, no alarm, the pulls
     renewed; resumed: every message, once."""
-    use_probe(monkeypatch)
     await natspy.connect(nats_server.url)
     async with connect(nats_server.url, **FAST) as nc:
         js = JetStream(nc)
@@ -247,17 +246,19 @@ async def test_consume_on_a_paused_consumer_waits_then_gets_everything_once(
         await natspy_publish(natspy, 20)
         consumer = await js.pull_consumer("S", "C")
         options = ConsumeOptions(max_messages=8, expires=1.0, idle_heartbeat=0.25)
-        async with consumer.consume(options) as messages, trio.open_nursery() as nursery:
-            assert isinstance(messages, ProbeBuffer)
+        async with (
+            probed_consume(consumer, options) as (messages, probe),
+            trio.open_nursery() as nursery,
+        ):
             log = EventLog(messages.events())
             nursery.start_soon(log.run)
 
             def statuses(code: int) -> int:
-                return sum(1 for status, _ in messages.statuses if status == code)
+                return sum(1 for status, _ in probe.statuses if status == code)
 
             # Two requests expired (408) and were renewed, with heartbeats in between.
-            await messages.wait_until(lambda: statuses(408) >= 2 and statuses(100) >= 4, 10)
-            assert messages.user_msgs == 0 and messages.buffered == 0
+            await probe.wait_until(lambda: statuses(408) >= 2 and statuses(100) >= 4, 10)
+            assert probe.user_msgs == 0 and messages.buffered == 0
             assert log.of(HeartbeatsMissed) == []
             assert messages.requests_sent >= 3
             await js.resume_consumer("S", "C")

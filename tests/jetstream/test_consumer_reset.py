@@ -18,7 +18,8 @@ from headrace.jetstream import (
 )
 from headrace.jetstream.reset import reset_body, supports_reset
 from headrace.nats import connect
-from js_pull_support import consumer_state, natspy_publish
+
+from tests.jetstream.js_pull_support import consumer_state, natspy_publish
 
 
 def test_servers_from_2_14_have_the_call():

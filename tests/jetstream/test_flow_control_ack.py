@@ -10,7 +10,8 @@ import trio
 from headrace.jetstream import AckPolicy, ConsumerConfig, JetStream, StreamConfig, StreamSource
 from headrace.jetstream.stream_config import StreamConsumerSource
 from headrace.nats import connect
-from natspy_peer import wait_consumer
+
+from tests.natspy_peer import wait_consumer
 
 FEED = ConsumerConfig(
     durable_name="FEED",

@@ -38,8 +38,9 @@ from headrace.jetstream.kv import (
 )
 from headrace.nats import connect
 from headrace.protocol import Headers
-from raw_publish import raw_hpub
-from waiting import once_placed
+
+from tests.raw_publish import raw_hpub
+from tests.waiting import once_placed
 
 TIMEOUT = 10
 

@@ -32,7 +32,8 @@ from headrace.jetstream import (
     key_value,
 )
 from headrace.nats import connect
-from servers import free_port
+
+from tests.servers import free_port
 
 
 async def _until_answered(js: JetStream) -> None:

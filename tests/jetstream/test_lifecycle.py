@@ -23,7 +23,8 @@ from headrace.jetstream import (
 )
 from headrace.jetstream.lifecycle import DeletePolicy
 from headrace.nats import EventWatcher, connect
-from waiting import next_event
+
+from tests.waiting import next_event
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from headrace.jetstream import ConsumerDeleteFailed, JetStream
 from headrace.jetstream.codec import DecodeError
 from headrace.jetstream.lifecycle import ConsumerLifecycle, DeletePolicy
 from headrace.nats import Connection, connect
-from waiting import next_event
+
+from tests.waiting import next_event
 
 PREFIX = "garbled.API"
 

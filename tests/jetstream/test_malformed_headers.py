@@ -16,7 +16,8 @@ from headrace.errors import MalformedHeaderWarning
 from headrace.jetstream import JetStream, JsMsg, StorageType, StreamConfig
 from headrace.nats import connect
 from headrace.protocol import Headers
-from raw_publish import raw_hpub
+
+from tests.raw_publish import raw_hpub
 
 #: (header block, the headers that can be read from it). The first is well formed. (A status
 #: on the version line, even a malformed one, is not stored: the server drops it.)

@@ -118,7 +118,7 @@ async def test_stream_add_info_update_delete(nats_server):
 async def test_unknown_config_fields_survive_an_update(nats_server):
     """An update built from a read configuration sends every field back (``consumer_limits``
     here, which travelled in ``extra`` before it was typed), or the server would reset it.
-    Keys no model declares are kept the same way (test_js_codec)."""
+    Keys no model declares are kept the same way (test_codec)."""
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)
         created = await js.add_stream(

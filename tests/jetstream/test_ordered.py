@@ -20,7 +20,8 @@ from headrace.jetstream import (
     SubscribeError,
 )
 from headrace.nats import Reconnected, connect
-from waiting import FAST, next_event, once_placed
+
+from tests.waiting import FAST, next_event, once_placed
 
 E = TypeVar("E")
 HB = 0.1  # the server's minimum idle heartbeat: a lost consumer is noticed after 0.3 s

@@ -44,9 +44,10 @@ from headrace.jetstream.pull_flow import PULL, PullFlow, Unpinned
 from headrace.jetstream.pull_status import status_error
 from headrace.nats import connect
 from headrace.pipeline import JetStreamSource
-from js_pull_support import natspy_publish, poll_consumer, seq_of
-from procs import LineProcess
-from waiting import FAST, EventLog
+
+from tests.jetstream.js_pull_support import natspy_publish, poll_consumer, seq_of
+from tests.procs import LineProcess
+from tests.waiting import FAST, EventLog
 
 GROUP = "jobs"
 
@@ -529,28 +530,11 @@ WORKER_EXPIRES = 1.0
 class Worker(LineProcess):
     """``pinned_worker.py`` running; its stdout lines are JSON events."""
 
+    transcript_lines = (40, 20)
+
     def __init__(self, proc: trio.Process, name: str) -> None:
-        super().__init__(proc)
+        super().__init__(proc, f"worker {name}")
         self.name = name
-
-    def transcript(self) -> str:
-        return (
-            f"--- worker {self.name} stderr ---\n"
-            + "\n".join(self.err[-40:])
-            + "\n--- stdout ---\n"
-            + "\n".join(self.out[-20:])
-        )
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.out:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == name:
-                found.append(event)
-        return found
 
     @property
     def committed(self) -> list[int]:

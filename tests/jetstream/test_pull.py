@@ -1,7 +1,7 @@
 """Pull consumer ``fetch`` and ``next`` against a real nats-server (ADR-37, ADR-13).
 
 nats-py is the independent peer that inspects consumer state. Status sequences a real server
-will not produce on demand are in ``test_js_pull_statuses.py``.
+will not produce on demand are in ``test_pull_statuses.py``.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from headrace.jetstream import (
 from headrace.jetstream.consume import ConsumeOptions
 from headrace.jetstream.pull_consumer import CLIENT_MARGIN
 from headrace.nats import connect
-from js_pull_support import (
+
+from tests.jetstream.js_pull_support import (
     consumer_state,
     poll_consumer,
     publish_n,
     seq_of,
     setup_pull,
 )
-from waiting import FAST
+from tests.waiting import FAST
 
 
 def assert_user_msgs(batch: list[JsMsg]) -> None:
@@ -267,7 +268,7 @@ async def test_fetch_rejects_both_limits(nats_server):
 async def test_consume_stop_after(nats_server, natspy):
     """``stop_after`` (nats.go's StopAfter, issue 24): iteration ends after that many
     messages, and the server was never asked for more."""
-    from natspy_peer import consumer_info
+    from tests.natspy_peer import consumer_info
 
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)

@@ -1,8 +1,12 @@
 """The ADR-37 pull flow (``jetstream/pull_flow.py``) without I/O: no server, no fake server,
-no trio. A few exact sequences first, then state machines in which a model server answers the
-flow's requests with messages and every status a pull can get, the user takes messages, the
-connection drops and comes back, and time passes, while the invariants are checked after every
-step (like the commit state's machine in tests/commits/test_commit_state.py).
+no trio. A few exact sequences first, then what every status, heartbeat and retry decides,
+then state machines in which a model server answers the flow's requests with messages and
+every status a pull can get, the user takes messages, the connection drops and comes back, and
+time passes, while the invariants are checked after every step (like the commit state's machine
+in tests/commits/test_state.py).
+
+What only a socket shows (the frames reaching the flow, the events and errors the user gets
+from its decisions) is in ``test_pull_statuses.py``, against a scripted server.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import pytest
 from headrace.errors import NoRespondersError
 from headrace.jetstream.errors import (
     ConsumerDeleted,
+    ConsumerIsPushBased,
     MessageTooLarge,
     PullStatusError,
 )
@@ -230,6 +235,275 @@ def test_bad_sizes_are_refused():
         consume_flow(batch=0)
     with pytest.raises(ValueError, match="threshold"):
         consume_flow(threshold=11)
+
+
+# -- what each status decides (ADR-37 "Status handling") ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "description"),
+    [
+        (404, "No Messages"),
+        (408, "Request Timeout"),
+        (409, "Message Size Exceeds MaxBytes"),  # messages mode: only the request ends
+        (408, "Interest Expired"),
+        (423, "Nats-Wrong-Pin-Id"),  # no pin held: nothing to forget
+        (409, "Batch Completed"),
+    ],
+)
+def test_quiet_statuses_end_the_request_and_pull_what_it_no_longer_owes(code, description):
+    """Nothing for the user (the driver tells only of a Warn, an Alarm or an Unpinned) and no
+    pause: the request's 6 undelivered (its pending-count header) are asked again at once."""
+    flow = consume_flow()  # 10, threshold 5
+    flow.pull(0.0, True)
+    flow.received(4, 0, 0.1)
+    assert flow.status(code, description, 6, 0, 0.2) == Pull()
+    assert flow.pending_msgs == 4 and flow.retry_at is None
+    request = flow.pull(0.2, True)
+    assert request is not None and request.batch == 6
+    assert flow.received(1, 0, 0.3) is None  # still consuming
+    assert not flow.ended and flow.error is None
+
+
+@pytest.mark.parametrize(
+    "description",
+    [
+        "Exceeded MaxRequestBatch of 5",
+        "Exceeded MaxRequestExpires of 1s",
+        "Exceeded MaxRequestMaxBytes of 100",
+        "Exceeded MaxWaiting",
+        # Servers before 2.10, for a pull whose batch exceeds max_ack_pending (issue 24: it
+        # ended the consume as an unknown status).
+        "Exceeded MaxAckPending",
+        "Server Shutdown",
+    ],
+)
+def test_409_limit_statuses_are_warnings_not_ends(description):
+    """A refused request will not bring its messages: the flow stops counting them and asks
+    again a quarter second later, once: not at once (the server would refuse it the same
+    way), not in a loop. Not terminal: what comes meanwhile is delivered."""
+    flow = consume_flow()
+    flow.pull(0.0, True)
+    assert flow.status(409, description, 0, 0, 1.0) == Warn(409, description)
+    assert not flow.ended and flow.error is None
+    assert flow.pending_msgs == 0  # the refused 10 are no longer counted as owed
+    assert flow.pull(1.1, True) is None
+    assert flow.deadline(1.1) == 1.0 + WARNING_RETRY
+    assert flow.timer(1.0 + WARNING_RETRY) == Pull()
+    request = flow.pull(1.0 + WARNING_RETRY, True)
+    assert request is not None and request.batch == 10
+    assert flow.pull(1.0 + WARNING_RETRY, True) is None  # one retry, not a loop
+    assert flow.received(2, 0, 1.5) is None and not flow.ended
+
+
+@pytest.mark.parametrize(
+    ("code", "description", "error"),
+    [
+        (400, "Bad Request", PullStatusError),
+        (418, "I'm a teapot", PullStatusError),
+        # ADR-15 "Unknown Error Statuses", as docs/jetstream.md says: a 409 the client does
+        # not know is an error too (it was only a warning, and the consume went on).
+        (409, "Something New", PullStatusError),
+        (409, "Consumer Deleted", ConsumerDeleted),
+        (409, "Consumer is push based", ConsumerIsPushBased),
+    ],
+)
+def test_terminal_statuses_end_the_consume_with_their_own_error(code, description, error):
+    """The error is exactly the status's class, with its code and description; the buffered
+    messages are still there to hand out before it, and nothing is asked again."""
+    flow = consume_flow()
+    flow.pull(0.0, True)
+    flow.received(2, 0, 0.1)
+    decision = flow.status(code, description, 0, 0, 0.2)
+    assert isinstance(decision, Ended) and type(decision.error) is error
+    assert isinstance(decision.error, PullStatusError)
+    assert (decision.error.status, decision.error.description) == (code, description)
+    assert flow.buffered_msgs == 2
+    flow.taken(2, 0)
+    assert flow.pull(0.3, True) is None and flow.timer(5.0) is None  # no retry
+
+
+def test_leadership_change_resets_pending_and_pulls_at_once():
+    """409 Leadership Change: the old leader's waiting requests are gone. The flow counts only
+    what it holds and asks again at once, not after a heartbeat alarm."""
+    flow = consume_flow()
+    flow.pull(0.0, True)
+    flow.received(3, 0, 0.1)
+    assert flow.status(409, "Leadership Change", 0, 0, 0.2) == Pull()
+    assert flow.pending_msgs == 3 and flow.retry_at is None
+    request = flow.pull(0.2, True)
+    assert request is not None and request.batch == 7  # the rest of the buffer
+
+
+def test_503_is_a_warning_and_the_whole_buffer_is_asked_again_a_second_later():
+    flow = consume_flow()
+    flow.pull(0.0, True)
+    assert flow.status(503, "", 0, 0, 1.0) == Warn(503, "No Responders")
+    assert flow.pending_msgs == 0 and flow.pull(1.5, True) is None
+    assert flow.deadline(1.5) == 1.0 + NO_RESPONDERS_RETRY
+    assert flow.timer(1.0 + NO_RESPONDERS_RETRY) == CheckConsumer()
+    request = flow.pull(1.0 + NO_RESPONDERS_RETRY, True)
+    assert request is not None and request.batch == 10  # nothing was delivered
+    assert flow.pull(2.1, True) is None and flow.timer(2.5) is None  # one retry, not a loop
+
+
+def test_a_past_retry_time_while_disconnected_does_not_spin():
+    """A 503 sets a retry a second ahead; the connection drops before it and comes back after.
+    The retry comes due once, while disconnected: it sends nothing and leaves no deadline in
+    the past (the control loop spun on one, some 18,000 task steps in half a second, before
+    da5a392). The reconnect then asks for the whole buffer."""
+    flow = consume_flow()
+    flow.pull(0.0, True)
+    assert isinstance(flow.status(503, "", 0, 0, 0.0), Warn)
+    flow.pause()
+    assert flow.timer(1.1) == CheckConsumer()
+    assert flow.pull(1.1, True) is None  # paused: the check's pull sends nothing
+    assert flow.deadline(1.1) == 1.1 + 1.0  # the periodic wake-up only
+    assert flow.timer(1.5) is None and flow.deadline(1.5) > 1.5
+    assert flow.resume(1.8) == Pull()
+    request = flow.pull(1.8, True)
+    assert request is not None and request.batch == 10
+
+
+def test_bytes_mode_a_message_too_large_for_the_rest_waits_for_the_reader():
+    """409 Message Size Exceeds MaxBytes with 600 of the 1000 bytes left: the next message is
+    larger than 600. Asking for those 600 again would be refused at once, in a loop (issue
+    11): the next request waits until the reader made room for more, then asks for all."""
+    flow = consume_flow(batch=1, max_bytes=1000, threshold=500)  # ConsumeOptions' half
+    first = flow.pull(0.0, True)
+    assert first is not None and first.max_bytes == 1000
+    flow.received(2, 400, 0.1)
+    decision = flow.status(409, "Message Size Exceeds MaxBytes", BYTES_MODE_BATCH - 2, 600, 0.2)
+    assert decision == Pull()
+    assert flow.pending_bytes == 400  # the refused bytes are no longer owed
+    assert flow.pull(0.2, True) is None  # not the same refused request again
+    assert flow.requests_sent == 1
+    flow.taken(2, 400)
+    again = flow.pull(0.3, True)
+    assert again is not None and again.max_bytes == 1000  # more than was refused
+    assert flow.received(1, 700, 0.4) is None and not flow.ended  # it fits now
+
+
+# -- heartbeats (ADR-37 "Idle heartbeats") --------------------------------------------------------
+
+
+def test_heartbeats_keep_the_alarm_quiet():
+    """idle_heartbeat 0.5 s: the alarm is due after 1 s of silence. The driver reports every
+    read, a heartbeat's too, with ``received``: heartbeats every 0.15 s for 1.8 s keep it
+    quiet, with no new request."""
+    flow = consume_flow(heartbeat=0.5)
+    flow.pull(0.0, True)
+    now = 0.0
+    for _ in range(12):
+        assert flow.timer(now + 0.149) is None
+        now += 0.15
+        assert flow.received(0, 0, now) is None
+        assert flow.status(100, "Idle Heartbeat", 0, 0, now) is None
+        assert flow.deadline(now) == now + 0.5
+    assert flow.timer(now) is None
+    assert (flow.requests_sent, flow.pending_msgs, flow.ended) == (1, 10, False)
+
+
+def test_a_new_request_starts_the_heartbeat_clock():
+    """The first request, long after the flow was made: nothing is due before 2 x 0.5 s from
+    it, so 0.5 s of silence is no alarm and no second request."""
+    flow = consume_flow(heartbeat=0.5)
+    assert flow.pull(5.0, True) is not None
+    assert flow.timer(5.5) is None
+    assert flow.pull(5.5, True) is None and flow.requests_sent == 1
+    assert flow.deadline(5.99) == 6.0
+    assert flow.timer(6.0) == Alarm(1.0)
+
+
+def test_a_request_after_a_quiet_full_buffer_starts_the_heartbeat_clock():
+    """The buffer was full and the server quiet (rightly: nothing was owed) for longer than
+    the alarm. The reader then takes everything, which sends a request: its clock starts
+    then, not at the last message received."""
+    flow = consume_flow(heartbeat=0.5)
+    flow.pull(0.0, True)
+    flow.received(10, 0, 0.1)
+    assert flow.timer(1.2) is None  # nothing is owed
+    flow.taken(10, 0)
+    request = flow.pull(1.2, True)
+    assert request is not None and request.batch == 10
+    assert flow.timer(1.7) is None  # 0.5 s after the request
+    assert flow.deadline(1.7) == 1.2 + 1.0
+    assert isinstance(flow.timer(2.2), Alarm)
+
+
+def test_one_new_request_per_heartbeat_alarm():
+    """After an alarm the new request gets its own 1 s: a server that stays silent for 0.5 s
+    more sees exactly one new request, not a flood."""
+    flow = consume_flow(heartbeat=0.5)
+    flow.pull(0.0, True)
+    flow.received(3, 0, 0.1)
+    flow.taken(3, 0)
+    assert flow.pull(0.1, True) is None  # 7 pending: above the threshold
+    assert isinstance(flow.timer(1.1), Alarm)
+    request = flow.pull(1.1, True)
+    assert request is not None and request.batch == 10  # the lost request is forgotten
+    assert flow.pull(1.1, True) is None
+    assert flow.timer(1.6) is None
+    assert flow.deadline(1.6) == 1.1 + 1.0
+    assert flow.requests_sent == 2
+
+
+# -- fetch ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "delivered", "error"),
+    [
+        ([("msgs", 2), (408, "Request Timeout")], 2, None),
+        ([(100, "Idle Heartbeat"), ("msgs", 1), (404, "No Messages")], 1, None),
+        ([(409, "Message Size Exceeds MaxBytes")], 0, None),  # messages mode: nothing too large
+        ([(409, "Exceeded MaxWaiting")], 0, None),
+        ([(409, "Something New")], 0, PullStatusError),
+        ([("msgs", 1), (409, "Something New")], 1, PullStatusError),
+        ([(409, "Consumer Deleted")], 0, ConsumerDeleted),
+        ([("msgs", 2), (409, "Consumer Deleted")], 2, ConsumerDeleted),
+        ([(409, "Consumer is push based")], 0, ConsumerIsPushBased),
+        ([(400, "Bad Request")], 0, PullStatusError),
+        ([(503, "")], 0, NoRespondersError),
+    ],
+)
+def test_fetch_status_sequences(script, delivered, error):
+    """How each sequence ends a fetch of 5 (every status but a heartbeat ends it). What the
+    driver makes of the end (the messages rather than the error, a 503 explained as
+    JetStreamUnavailable) is checked over a socket in ``test_pull_statuses.py``."""
+    flow = fetch_flow(batch=5, expires=5.0)
+    assert flow.pull(0.0, True) == PullRequest(batch=5, expires=5.0)
+    decision = None
+    now = 0.0
+    for step, arg in script:
+        assert decision is None, "ended early"
+        now += 0.1
+        if step == "msgs":
+            decision = flow.received(arg, 0, now)
+        else:
+            decision = flow.status(step, arg, 5, 0, now)
+    assert isinstance(decision, Ended) and flow.ended
+    assert flow.buffered_msgs == delivered
+    if error is None:
+        assert decision.error is None
+    else:
+        assert type(decision.error) is error
+    assert flow.pull(now, True) is None
+
+
+def test_fetch_heartbeats_keep_it_alive_and_silence_ends_it():
+    flow = fetch_flow(batch=1, expires=3.0, heartbeat=0.3)
+    flow.pull(0.0, True)
+    now = 0.0
+    for _ in range(8):  # 1.2 s of heartbeats every 0.15 s; the alarm would be after 0.6 s
+        now += 0.15
+        assert flow.received(0, 0, now) is None and flow.timer(now) is None
+    assert flow.received(1, 0, now + 0.1) == Ended(None)  # full
+    silent = fetch_flow(batch=1, expires=3.0, heartbeat=0.3)
+    silent.pull(0.0, True)
+    assert silent.deadline(0.0) == 0.6  # two missed heartbeats, long before the expiry
+    assert silent.timer(0.59) is None
+    assert silent.timer(0.6) == Ended(None)
 
 
 # -- the state machines -----------------------------------------------------------------------
@@ -476,6 +750,18 @@ class FlowMachine(RuleBasedStateMachine):
         """The driver wakes at the flow's deadline (or earlier, for another reason)."""
         deadline = self.flow.deadline(self.now)
         self.now += seconds
+        self.tick(deadline)
+        # The driver sleeps until the deadline, then asks the timer: finding it due again and
+        # again at the same moment is a spin (as on a past 503 retry time while disconnected,
+        # before da5a392). A retry and an alarm both due take two calls.
+        for _ in range(2):
+            if self.flow.ended or self.flow.deadline(self.now) > self.now:
+                break
+            self.tick(self.now)
+        assert self.flow.ended or self.flow.deadline(self.now) > self.now, "the timer spins"
+
+    def tick(self, deadline: float) -> None:
+        """The timer at ``self.now``: an alarm or a silent fetch's end never before ``deadline``."""
         last = self.flow.last_activity
         owed = self.flow.outstanding() and self.flow.pulling
         decision = self.flow.timer(self.now)

@@ -23,21 +23,18 @@ from headrace.jetstream import (
     StreamConfig,
 )
 from headrace.nats import Disconnected, Reconnected, connect
-from js_pull_support import (
+
+from tests.jetstream.js_pull_support import (
+    ConsumeProbe,
     poll_consumer,
+    probed_consume,
     seq_of,
     settle,
     setup_pull,
-    use_probe,
 )
-from waiting import FAST, EventLog, next_event, once_placed
+from tests.waiting import FAST, EventLog, next_event, once_placed
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _probe(monkeypatch):
-    use_probe(monkeypatch)
 
 
 @attrs.define
@@ -198,12 +195,15 @@ async def test_outage_longer_than_the_heartbeat_alarm_raises_no_alarm(nats_serve
         consumer = await setup_pull(js)
         with nc.events() as conn_events:
             opts = {"max_messages": 10, "expires": 5, "idle_heartbeat": 0.25}
-            async with consumer.consume(**opts) as messages, trio.open_nursery() as nursery:
+            async with (
+                probed_consume(consumer, **opts) as (messages, probe),
+                trio.open_nursery() as nursery,
+            ):
                 log = EventLog(messages.events())
                 nursery.start_soon(log.run)
                 # A live request: the server's heartbeats are coming. Whatever happened
                 # before (see the heartbeat clock bug) is in the log once all tasks idle.
-                await _heartbeats(messages, 2)
+                await _heartbeats(probe, 2)
                 await settle()
                 alarms_before = len(log.of(HeartbeatsMissed))
                 await trio.to_thread.run_sync(nats_server.stop)
@@ -224,11 +224,11 @@ async def test_outage_longer_than_the_heartbeat_alarm_raises_no_alarm(nats_serve
                 nursery.cancel_scope.cancel()
 
 
-async def _heartbeats(messages: Any, count: int) -> None:
-    """Wait until the consume has received ``count`` more heartbeats."""
+async def _heartbeats(probe: ConsumeProbe, count: int) -> None:
+    """Wait until the server has sent the consume ``count`` more heartbeats."""
 
     def beats() -> int:
-        return sum(1 for status, _ in messages.statuses if status == 100)
+        return sum(1 for status, _ in probe.statuses if status == 100)
 
     target = beats() + count
-    await messages.wait_until(lambda: beats() >= target)
+    await probe.wait_until(lambda: beats() >= target)

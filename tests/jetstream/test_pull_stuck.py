@@ -30,9 +30,16 @@ from headrace.jetstream import (
 )
 from headrace.nats import Connection, connect
 from headrace.protocol.events import Msg
-from js_pull_support import consumer_state, publish_n, settle, setup_pull, use_probe
-from servers import permissions_auth
-from waiting import FAST
+
+from tests.jetstream.js_pull_support import (
+    consumer_state,
+    probed_consume,
+    publish_n,
+    settle,
+    setup_pull,
+)
+from tests.servers import permissions_auth
+from tests.waiting import FAST
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.S.C"
 
@@ -78,12 +85,11 @@ async def test_a_message_larger_than_max_bytes_ends_the_consume_without_spinning
         assert len(big.data) == 2000
 
 
-async def test_a_message_too_large_for_what_is_left_waits_for_room(nats_server, monkeypatch):
+async def test_a_message_too_large_for_what_is_left_waits_for_room(nats_server):
     """Two small messages take part of the budget and wait unread; the third does not fit
     what is left of the request (409), though it fits the whole budget. Asking again for
     that remainder would be refused at once, in a loop while the reader is busy: the consume
     waits until the reader makes room, then gets it."""
-    use_probe(monkeypatch)
     async with connect(nats_server.url, **FAST) as nc, connect(nats_server.url) as spy:
         requests = count_requests(spy)
         await spy.flush()
@@ -92,15 +98,13 @@ async def test_a_message_too_large_for_what_is_left_waits_for_room(nats_server, 
         await publish_n(js, 2, payload=b"s" * 50)
         await js.publish("s.x", b"L" * 850)
         opts = {"max_bytes": 1000, "expires": 5, "idle_heartbeat": 1}
-        async with consumer.consume(**opts) as messages:
+        async with probed_consume(consumer, **opts) as (messages, probe):
             refused = (409, "Message Size Exceeds MaxBytes")
-            await messages.wait_until(
-                lambda: messages.buffered == 2 and refused in messages.statuses
-            )
+            await probe.wait_until(lambda: messages.buffered == 2 and refused in probe.statuses)
             for _ in range(3):  # a spinning consume would pull on every one of these rounds
                 await all_routed(nc, spy)
             assert len(requests) == 1
-            assert messages.statuses.count(refused) == 1
+            assert probe.statuses.count(refused) == 1
             with trio.fail_after(5):
                 small = await messages.next_batch()
                 large = await messages.next_batch()

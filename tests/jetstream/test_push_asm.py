@@ -27,7 +27,8 @@ from headrace.jetstream import (
 from headrace.jetstream.errors import PushStatusError
 from headrace.jetstream.events import MessagesDropped
 from headrace.nats import Disconnected, EventWatcher, Reconnected, connect
-from waiting import FAST, EventLog, next_event, no_event
+
+from tests.waiting import FAST, EventLog, next_event, no_event
 
 E = TypeVar("E")
 

@@ -18,7 +18,8 @@ from headrace.jetstream import (
     StreamConfig,
 )
 from headrace.nats import connect
-from waiting import FAST
+
+from tests.waiting import FAST
 
 
 async def test_unsubscribe_then_subscribe_again_never_fails(nats_server):

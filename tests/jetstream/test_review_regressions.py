@@ -23,8 +23,9 @@ from headrace.jetstream.consumer_config import DeliverPolicy
 from headrace.jetstream.message import JsMsg, OutstandingAcks, ack_all
 from headrace.nats import Disconnected, connect
 from headrace.protocol.events import Msg
-from js_pull_support import publish_n, setup_pull
-from waiting import FAST, next_event
+
+from tests.jetstream.js_pull_support import publish_n, setup_pull
+from tests.waiting import FAST, next_event
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from headrace.jetstream import (
     SubscribeError,
 )
 from headrace.nats import connect
-from servers import free_port
+
+from tests.servers import free_port
 
 
 @pytest.fixture

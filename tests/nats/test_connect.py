@@ -14,7 +14,8 @@ from headrace.errors import (
     TLSError,
 )
 from headrace.nats import ServerErrorEvent, Status, TLSConfig, connect
-from servers import (
+
+from tests.servers import (
     nkey_auth,
     operator_auth,
     permissions_auth,

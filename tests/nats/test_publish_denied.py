@@ -10,8 +10,9 @@ from __future__ import annotations
 import trio
 from headrace.errors import PermissionViolation
 from headrace.nats import ServerErrorEvent, Status, connect
-from servers import permissions_auth
-from waiting import next_event
+
+from tests.servers import permissions_auth
+from tests.waiting import next_event
 
 
 async def test_a_refused_publish_is_told_to_the_callbacks_of_its_prefix(nats_server_factory):

@@ -24,7 +24,8 @@ from headrace.errors import (
 )
 from headrace.nats import Reconnected, SlowConsumer, SlowConsumerPolicy, Status, connect
 from headrace.protocol import Headers
-from raw_publish import raw_hpub
+
+from tests.raw_publish import raw_hpub
 
 
 async def test_publish_subscribe_with_headers(core_server):

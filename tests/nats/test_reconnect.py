@@ -27,8 +27,9 @@ from headrace.nats import (
     Status,
     connect,
 )
-from servers import NatsCluster, user_password_auth
-from waiting import FAST, next_event
+
+from tests.servers import NatsCluster, user_password_auth
+from tests.waiting import FAST, next_event
 
 E = TypeVar("E")
 

@@ -16,7 +16,8 @@ import trio
 from headrace.jetstream import AckPolicy, ConsumerConfig, JetStream, StreamConfig, ack_all
 from headrace.nats import Connection, connect
 from headrace.protocol import Headers
-from servers import free_port
+
+from tests.servers import free_port
 
 NAME = "stats-probe"
 

@@ -24,7 +24,8 @@ from headrace.nats.outbound import OutboundBuffer, PongWaiter
 from headrace.nats.servers import ServerAddress, ServerPool, backoff_delay
 from headrace.protocol import server_errors
 from headrace.protocol.events import Msg
-from servers import format_creds, new_nkey
+
+from tests.servers import format_creds, new_nkey
 
 # -- server addresses and the pool ------------------------------------------------------------
 

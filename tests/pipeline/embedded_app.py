@@ -1,5 +1,5 @@
 """A trio application that embeds a pipeline, run as a child process by
-``test_pipe_embedded_signals.py``: ``python embedded_app.py URL DURABLE MODE``.
+``test_embedded_signals.py``: ``python embedded_app.py URL DURABLE MODE``.
 
 It consumes the stream ORDERS (JSON ``{"id": i}``) with the durable pull consumer DURABLE into a
 memory sink, as fast as it can, and prints JSON lines on stdout: ``progress`` (messages taken,

@@ -16,8 +16,9 @@ from headrace.nats import connect
 from headrace.pipeline import Batch, Delivery, JetStreamSource, Pipeline, Record
 from headrace.protocol.events import Msg
 from headrace.sinks import MemorySink
-from natspy_peer import consumer_info, wait_consumer
-from waiting import FAST
+
+from tests.natspy_peer import consumer_info, wait_consumer
+from tests.waiting import FAST
 
 __all__ = [
     "FAST",

@@ -22,7 +22,8 @@ from headrace.pipeline import (
     run_until_caught_up,
 )
 from headrace.sinks import MemorySink
-from pipe_support import (
+
+from tests.pipeline.pipe_support import (
     FAST,
     GatedSink,
     add_stream,

@@ -13,7 +13,8 @@ import trio
 from headrace.jetstream import ConsumerConfig, StreamNotFound
 from headrace.pipeline import BatchPolicy
 from headrace.sinks import MemorySink
-from pipe_support import (
+
+from tests.pipeline.pipe_support import (
     FAST,
     GatedSink,
     add_stream,

@@ -14,7 +14,6 @@ signals raised by the test (``signal.raise_signal``) while the helper's handlers
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import signal
 import subprocess
@@ -30,7 +29,8 @@ from headrace import Shutdown, StopReason, run_until_signal
 from headrace.pipeline import BatchPolicy, Pipeline, PipelineRun
 from headrace.shutdown import Step
 from headrace.sinks import MemorySink
-from pipe_support import (
+
+from tests.pipeline.pipe_support import (
     GatedSink,
     add_stream,
     connect,
@@ -40,7 +40,7 @@ from pipe_support import (
     source,
     wait_consumer,
 )
-from procs import LineProcess
+from tests.procs import LineProcess
 
 APP = Path(__file__).resolve().parent / "embedded_app.py"
 
@@ -54,28 +54,11 @@ MESSAGES = 60_000
 class App(LineProcess):
     """``embedded_app.py`` running; its stdout lines are JSON events."""
 
+    transcript_lines = (60, 10)
+
     def __init__(self, proc: trio.Process, argv: list[str]) -> None:
-        super().__init__(proc)
+        super().__init__(proc, f"$ {' '.join(argv)}")
         self.argv = argv
-
-    def transcript(self) -> str:
-        return (
-            f"$ {' '.join(self.argv)}\n--- stderr ---\n"
-            + "\n".join(self.err[-60:])
-            + "\n--- stdout (last lines) ---\n"
-            + "\n".join(self.out[-10:])
-        )
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.out:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == name:
-                found.append(event)
-        return found
 
     async def wait_event(
         self, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20

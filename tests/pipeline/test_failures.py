@@ -18,7 +18,8 @@ from headrace.pipeline.ack_tracker import PoisonTerminated
 from headrace.pipeline.sink_retry import SinkOutage, SinkRetry
 from headrace.pipeline.stages import INBOX_BATCHES
 from headrace.sinks import MemorySink
-from pipe_support import (
+
+from tests.pipeline.pipe_support import (
     FAST,
     add_stream,
     connect,

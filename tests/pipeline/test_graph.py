@@ -14,7 +14,8 @@ import trio
 from headrace.jetstream import ConsumerConfig, DeliverPolicy
 from headrace.pipeline import BatchPolicy, JetStreamSource, Pipeline, PipelineError
 from headrace.sinks import MemorySink
-from pipe_support import (
+
+from tests.pipeline.pipe_support import (
     FAST,
     add_stream,
     connect,

@@ -20,7 +20,15 @@ import trio
 from headrace.jetstream import ConsumerConfig
 from headrace.pipeline import Batch, BatchPolicy, SinkRetry
 from headrace.sinks import MemorySink
-from pipe_support import add_stream, connect, fast_pipeline, publish, source, wait_consumer
+
+from tests.pipeline.pipe_support import (
+    add_stream,
+    connect,
+    fast_pipeline,
+    publish,
+    source,
+    wait_consumer,
+)
 
 N = 500
 ACK_WAIT = 1.0

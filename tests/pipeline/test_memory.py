@@ -18,7 +18,15 @@ import pytest
 import trio
 from headrace.jetstream.consume import ConsumeOptions
 from headrace.pipeline import Batch, BatchPolicy, Delivery
-from pipe_support import FAST, GatedSink, connect, fast_pipeline, source, wait_consumer
+
+from tests.pipeline.pipe_support import (
+    FAST,
+    GatedSink,
+    connect,
+    fast_pipeline,
+    source,
+    wait_consumer,
+)
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from headrace.pipeline import BatchPolicy
 from headrace.pipeline.message_source import MessageSource
 from headrace.sinks import MemorySink
 from headrace.testing import TestMessage, run_pipeline
-from pipe_support import FAST, add_stream, connect, fast_pipeline, publish, source
+
+from tests.pipeline.pipe_support import FAST, add_stream, connect, fast_pipeline, publish, source
 
 SMALL = BatchPolicy(max_messages=10, max_age=0.05)
 

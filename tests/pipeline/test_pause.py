@@ -2,25 +2,25 @@
 
 The pause is the consumer's, on the server: the run keeps running, its source's pulls wait.
 The test holds the pause across several idle heartbeats and two pull expiries, counted as the
-server sends them (a consume buffer that notes its statuses, so the wait is an event, not a
-sleep), and checks that nothing was delivered meanwhile and that nothing took the silence of
-deliveries for a dead server. nats-py, the independent peer, publishes and reads the consumer's
-state: paused with the messages pending, then everything acked once.
+server sends them (its copies of what it sends the source's consume, watched from outside, so
+the wait is an event, not a sleep), and checks that nothing was delivered meanwhile and that
+nothing took the silence of deliveries for a dead server. nats-py, the independent peer,
+publishes and reads the consumer's state: paused with the messages pending, then everything
+acked once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import trio
 from headrace.jetstream import ConsumeBuffer, ConsumeOptions, HeartbeatsMissed, InvalidPauseUntil
-from headrace.jetstream import pull_consumer as pull_consumer_module
 from headrace.pipeline import BatchPolicy, PipelineEnded
-from headrace.protocol.events import Msg
 from headrace.sinks import MemorySink
-from pipe_support import (
+
+from tests.jetstream.js_pull_support import ConsumeProbe, watching
+from tests.pipeline.pipe_support import (
     FAST,
     add_stream,
     connect,
@@ -30,34 +30,11 @@ from pipe_support import (
     source,
     wait_consumer,
 )
-from waiting import EventLog
+from tests.waiting import EventLog
 
 SMALL = BatchPolicy(max_messages=10, max_age=0.05)
 #: Short pulls and heartbeats, so that "several heartbeats and expiries" is a few seconds.
 QUICK = ConsumeOptions(max_messages=8, expires=1.0, idle_heartbeat=0.25)
-
-
-class StatusCountingBuffer(ConsumeBuffer):
-    """The real consume buffer, counting the statuses the server sends (100 heartbeats, 408
-    expiries) and waking :meth:`wait_until` on each."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.counts: dict[int, int] = {}
-        self._changed = trio.Event()
-
-    def _on_batch(self, batch: list[Msg]) -> None:
-        for msg in batch:
-            if msg.reply is None and msg.status is not None:
-                self.counts[msg.status] = self.counts.get(msg.status, 0) + 1
-        super()._on_batch(batch)
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
-        with trio.fail_after(timeout):
-            while not predicate():
-                await self._changed.wait()
 
 
 @pytest.fixture
@@ -68,22 +45,24 @@ async def peer(nats_server, natspy):
 
 
 @pytest.mark.slow  # 2.3 s or more of timers: the full suite runs it
-async def test_paused_pipeline_waits_alive_and_resumed_delivers_each_once(
-    nats_server, peer, monkeypatch
-):
-    monkeypatch.setattr(pull_consumer_module, "ConsumeBuffer", StatusCountingBuffer)
+async def test_paused_pipeline_waits_alive_and_resumed_delivers_each_once(nats_server, peer):
     await publish(peer, 10)
     sink = MemorySink()
     pipe = fast_pipeline()
     pipe.source(source(consume=QUICK)).sink(sink, batch=SMALL)
-    async with connect(nats_server.url, **FAST) as nc, pipe.running(nc) as run:
+    async with (
+        connect(nats_server.url, **FAST) as nc,
+        watching(nc) as probe,
+        pipe.running(nc) as run,
+    ):
         await sink.wait_for(10)
         buffer = run.sources[0].messages
-        assert isinstance(buffer, StatusCountingBuffer)
+        assert isinstance(buffer, ConsumeBuffer)
+        probe.watch(buffer)
         log = EventLog(buffer.events())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(log.run)
-            await pause_and_resume(run, buffer, peer, sink)
+            await pause_and_resume(run, probe, peer, sink)
             nursery.cancel_scope.cancel()
         assert log.of(HeartbeatsMissed) == []
     assert sink.keys == [("S", seq) for seq in range(1, 26)]
@@ -92,17 +71,19 @@ async def test_paused_pipeline_waits_alive_and_resumed_delivers_each_once(
     assert not info.paused and info.num_redelivered == 0
 
 
-async def pause_and_resume(run: Any, buffer: StatusCountingBuffer, peer: Any, sink: Any) -> None:
+async def pause_and_resume(run: Any, probe: ConsumeProbe, peer: Any, sink: Any) -> None:
     answers = await run.pause()
     assert list(answers) == [run.sources[0].node.name]
     assert all(a.paused for a in answers.values())
     await publish(peer, 15, start=10)
-    hb, expired = buffer.counts.get(100, 0), buffer.counts.get(408, 0)
+
+    def count(code: int) -> int:
+        """The statuses ``code`` the server sent the source's consume."""
+        return sum(1 for status, _ in probe.statuses if status == code)
+
+    hb, expired = count(100), count(408)
     # Paused across at least four heartbeats (two alarm periods) and two expiries.
-    await buffer.wait_until(
-        lambda: buffer.counts.get(100, 0) >= hb + 4 and buffer.counts.get(408, 0) >= expired + 2,
-        timeout=15,
-    )
+    await probe.wait_until(lambda: count(100) >= hb + 4 and count(408) >= expired + 2, timeout=15)
     assert len(sink.records) == 10
     assert run.stats.messages_in == 10
     info = await consumer_info(peer)

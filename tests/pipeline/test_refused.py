@@ -17,8 +17,17 @@ from headrace.errors import PermissionViolation
 from headrace.jetstream import AckRefused, DeletePolicy
 from headrace.pipeline import BatchPolicy, DeadLetterRefused
 from headrace.sinks import MemorySink
-from pipe_support import FAST, add_stream, connect, consumer_info, fast_pipeline, publish, source
-from servers import permissions_auth
+
+from tests.pipeline.pipe_support import (
+    FAST,
+    add_stream,
+    connect,
+    consumer_info,
+    fast_pipeline,
+    publish,
+    source,
+)
+from tests.servers import permissions_auth
 
 ADMIN_PASSWORD = "admin-secret"
 

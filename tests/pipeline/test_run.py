@@ -16,7 +16,8 @@ import trio
 from headrace.jetstream import ConsumerConfig
 from headrace.pipeline import Batch, BatchPolicy, Record
 from headrace.sinks import JsonlSink, MemorySink
-from pipe_support import (
+
+from tests.pipeline.pipe_support import (
     FAST,
     GatedSink,
     add_stream,

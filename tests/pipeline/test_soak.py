@@ -23,7 +23,15 @@ import trio
 from headrace.jetstream import ConsumerConfig
 from headrace.pipeline import Batch, BatchPolicy, SinkRetry
 from headrace.sinks import JsonlSink
-from pipe_support import FAST, add_stream, connect, fast_pipeline, source, wait_consumer
+
+from tests.pipeline.pipe_support import (
+    FAST,
+    add_stream,
+    connect,
+    fast_pipeline,
+    source,
+    wait_consumer,
+)
 
 SECONDS = float(os.environ.get("HEADRACE_SOAK_SECONDS", "180"))
 #: Messages published every PERIOD seconds while the soak lasts.

@@ -19,7 +19,16 @@ import trio
 import trio.testing
 from headrace.pipeline import Batch, BatchPolicy, SinkContext, SinkRunner
 from headrace.pipeline.sink_thread import THREAD_NAME_PREFIX
-from pipe_support import FAST, add_stream, connect, fast_pipeline, publish, source, wait_consumer
+
+from tests.pipeline.pipe_support import (
+    FAST,
+    add_stream,
+    connect,
+    fast_pipeline,
+    publish,
+    source,
+    wait_consumer,
+)
 
 N = 300
 BATCH = BatchPolicy(max_messages=10, max_age=0.02)

@@ -30,7 +30,8 @@ from headrace.sinks import (
 from headrace.sinks.jsonl import SeqSet
 from hypothesis import given
 from hypothesis import strategies as st
-from sink_support import batch, committed_keys, read_output, rec, seqs
+
+from tests.sinks.sink_support import batch, committed_keys, read_output, rec, seqs
 
 
 @pytest.fixture
@@ -361,9 +362,9 @@ def test_restart_after_the_process_died(out: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
         from headrace.sinks import JsonlSink
-        from sink_support import seqs
+        from tests.sinks.sink_support import seqs
         sink = JsonlSink({str(out)!r})
         sink.open()
         sink.write_batch(seqs(1, 2, 3))

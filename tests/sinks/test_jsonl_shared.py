@@ -18,8 +18,9 @@ from headrace.nats import connect
 from headrace.pipeline import BatchPolicy, JetStreamSource, Pipeline
 from headrace.pipeline.sink import SinkContext
 from headrace.sinks import JsonlSink, OutputInUse
-from natspy_peer import wait_consumer
-from sink_support import batch, read_output, rec
+
+from tests.natspy_peer import wait_consumer
+from tests.sinks.sink_support import batch, read_output, rec
 
 
 async def call(fn: Any, *args: Any) -> Any:

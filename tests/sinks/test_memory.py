@@ -7,7 +7,8 @@ import trio
 import trio.testing
 from headrace.pipeline import SinkRunner
 from headrace.sinks import MemorySink
-from sink_support import seqs
+
+from tests.sinks.sink_support import seqs
 
 
 async def test_keeps_batches_and_records_in_order() -> None:

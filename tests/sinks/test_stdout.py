@@ -8,7 +8,8 @@ import json
 import pytest
 from headrace.pipeline import SinkRunner
 from headrace.sinks import StdoutSink, record_to_line
-from sink_support import batch, rec
+
+from tests.sinks.sink_support import batch, rec
 
 
 class Recorder(io.StringIO):

@@ -27,7 +27,7 @@ def spark() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Spark Connect server for the module (connect_server.py)."""
-    from connect_server import connect_server
+    from tests.spark.connect_server import connect_server
 
     with connect_server(tmp_path_factory.mktemp("connect-server")) as url:
         yield url

@@ -1,4 +1,4 @@
-"""Child of test_spark_connect.py: a SparkSink on a Spark Connect server (``sc://``), in a
+"""Child of test_connect.py: a SparkSink on a Spark Connect server (``sc://``), in a
 process of its own (a Spark Connect session sets process-wide state in PySpark, and cannot be
 made where a classic session runs, as in the test process).
 
@@ -24,7 +24,8 @@ import trio
 from headrace.sinks import CONTROL
 from headrace_spark import SparkSink
 from headrace_spark.session import is_connect
-from sink_support import seqs
+
+from tests.sinks.sink_support import seqs
 
 
 def say(event: str, **fields: Any) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pyspark
 import trio
-from spark_procs import child_env
+
+from tests.spark.spark_procs import child_env
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"

@@ -1,4 +1,4 @@
-"""Child of test_spark_crash.py: a pipeline from a durable JetStream consumer into a parquet
+"""Child of test_crash.py: a pipeline from a durable JetStream consumer into a parquet
 SparkSink, in a process of its own.
 
     crash_child.py URL OUT [--kill-after N]
@@ -55,8 +55,8 @@ async def main(url: str, out: str, kill_after: int) -> None:
         lambda: start_session("local[2]", app_name="headrace-crash-child")
     )
     await trio.to_thread.run_sync(lambda: spark.range(10).count())
-    # The single-process ledger (commits='local'): test_spark_crash.py reads it. The shared
-    # protocol's crash tests are in test_spark_workers.py.
+    # The single-process ledger (commits='local'): test_crash.py reads it. The shared
+    # protocol's crash tests are in test_workers.py.
     sink = SparkSink(out, spark=spark, on_commit=on_commit, commits="local")
     pipe = Pipeline("crash", nak_delay=0.05, nak_delay_max=0.2, drain_timeout=30)
     pipe.source(

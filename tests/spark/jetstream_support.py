@@ -15,7 +15,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import nats
-from natspy_peer import NatsPyPeer
+
+from tests.natspy_peer import NatsPyPeer
 
 #: How long a Spark query of these tests may take (a loaded 2-core CI machine, one JVM).
 QUERY_TIMEOUT = 180

@@ -1,4 +1,4 @@
-"""Child of test_spark_python_workers.py: SparkSinks with a ``transform`` UDF (run in Spark's
+"""Child of test_python_workers.py: SparkSinks with a ``transform`` UDF (run in Spark's
 Python workers) on the session the first of them starts, in a process of its own, so that the
 session's configuration is fresh. The test runs it with no PYSPARK_PYTHON and a ``python3`` on
 PATH that is not a usable Python, as on a machine whose system Python lacks pyarrow.
@@ -28,7 +28,8 @@ from typing import Any
 
 import trio
 from headrace_spark import SparkSink
-from sink_support import batch, rec
+
+from tests.sinks.sink_support import batch, rec
 
 
 def say(event: str, **fields: Any) -> None:

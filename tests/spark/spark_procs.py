@@ -9,7 +9,6 @@ the child's JVM is gone (and with it the metastore's lock and the output's files
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from procs import LineProcess
+
+from tests.procs import LineProcess
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
@@ -32,7 +32,9 @@ def child_env() -> dict[str, str]:
     to start fast (C1 only, the serial collector: about half the start-up of a short-lived
     Spark driver on two cores)."""
     env = dict(os.environ)
-    paths = [str(HERE), str(TESTS / "sinks"), str(TESTS)]
+    # The repository root, for `tests.sinks.sink_support` and the like; never tests/ itself,
+    # where tests/nats would hide nats-py.
+    paths = [str(TESTS.parent)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -44,39 +46,14 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def json_events(lines: list[str], name: str | None = None) -> list[dict[str, Any]]:
-    """The lines that are JSON objects (with ``event`` == ``name`` if given); other lines are
-    skipped."""
-    found = []
-    for line in lines:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and (name is None or obj.get("event") == name):
-            found.append(obj)
-    return found
-
-
 class Child(LineProcess):
     """A running child script; its stdout and stderr collected as lines."""
 
+    transcript_lines = (80, 30)
+
     def __init__(self, proc: trio.Process, argv: list[str]) -> None:
-        super().__init__(proc)
+        super().__init__(proc, f"$ {' '.join(argv)}")
         self.argv = argv
-
-    def transcript(self) -> str:
-        return (
-            f"$ {' '.join(self.argv)}\n--- stderr (last lines) ---\n"
-            + "\n".join(self.err[-80:])
-            + "\n--- stdout ---\n"
-            + "\n".join(self.out[-30:])
-        )
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        """The JSON lines of stdout (``event`` == ``name`` if given); other lines are skipped
-        (a library printing on stdout must not break the test)."""
-        return json_events(self.out, name)
 
     async def wait_event(
         self,

@@ -1,23 +1,12 @@
 """Helpers of the Spark tests: what a Spark sink left in its output directory (visible data files,
 hidden ones, ledger entries) and what Spark reads back from it.
-
-Importing this module also puts ``tests/sinks`` and ``tests/pipeline`` on ``sys.path``, so that a
-test module can import ``sink_support`` (records made without a server) and ``pipe_support``
-(pipelines on a real nats-server) after it. Nothing of theirs is re-exported here.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-TESTS = Path(__file__).resolve().parents[1]
-
-for _helpers in (TESTS / "sinks", TESTS / "pipeline"):  # sink_support, pipe_support
-    if str(_helpers) not in sys.path:
-        sys.path.insert(0, str(_helpers))
 
 #: The sink's control directory under an output (ledger, staging): not data.
 CONTROL = "_headrace"

@@ -1,4 +1,4 @@
-"""Child of test_spark_standalone.py: a SparkSink whose own session runs on a Spark standalone
+"""Child of test_standalone.py: a SparkSink whose own session runs on a Spark standalone
 cluster (``spark://host:port``), in a process of its own (PySpark allows one SparkContext per
 process, and the test process has a ``local[2]`` one).
 
@@ -18,7 +18,8 @@ from typing import Any
 
 import trio
 from headrace_spark import SparkSink
-from sink_support import batch, rec
+
+from tests.sinks.sink_support import batch, rec
 
 APP_NAME = "headrace-standalone-child"
 

@@ -1,4 +1,4 @@
-"""Child of test_spark_table.py: one phase of a SparkSink writing a Hive table, in a process (so
+"""Child of test_table.py: one phase of a SparkSink writing a Hive table, in a process (so
 a Spark session, and an embedded Derby metastore) of its own.
 
     table_child.py write WAREHOUSE TABLE FIRST:LAST [FIRST:LAST ...]
@@ -22,7 +22,8 @@ import pyarrow as pa
 import trio
 from headrace_spark import SparkSink, SparkSinkError
 from headrace_spark.session import start_session
-from sink_support import batch, rec
+
+from tests.sinks.sink_support import batch, rec
 
 #: The orders' own columns; the message metadata follows them (keep_metadata).
 ORDERS = pa.schema(

@@ -16,11 +16,8 @@ import pytest
 from headrace.pipeline import BatchPolicy
 from headrace.protocol.headers import Headers
 from headrace_spark import CommitInfo, SparkSink, SparkSinkError, SparkWriteError
-from spark_support import all_acked, data_files, ledger_entries, read_rows, stream_seqs
 
-# isort: split
-# (spark_support put tests/sinks and tests/pipeline on sys.path)
-from pipe_support import (
+from tests.pipeline.pipe_support import (
     FAST,
     add_stream,
     connect,
@@ -30,7 +27,8 @@ from pipe_support import (
     wait_consumer,
     wait_stats,
 )
-from sink_support import TS, batch, rec, seqs
+from tests.sinks.sink_support import TS, batch, rec, seqs
+from tests.spark.spark_support import all_acked, data_files, ledger_entries, read_rows, stream_seqs
 
 pytestmark = pytest.mark.spark
 

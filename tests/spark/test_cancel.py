@@ -14,18 +14,8 @@ import trio
 from headrace.jetstream import ConsumerConfig
 from headrace.pipeline import BatchPolicy
 from headrace_spark import SparkSink
-from spark_support import (
-    all_acked,
-    commit_state,
-    data_files,
-    hidden_files,
-    ledger_entries,
-    staged,
-)
 
-# isort: split
-# (spark_support put tests/pipeline and tests/sinks on sys.path)
-from pipe_support import (
+from tests.pipeline.pipe_support import (
     FAST,
     add_stream,
     connect,
@@ -35,7 +25,15 @@ from pipe_support import (
     source,
     wait_consumer,
 )
-from sink_support import seqs
+from tests.sinks.sink_support import seqs
+from tests.spark.spark_support import (
+    all_acked,
+    commit_state,
+    data_files,
+    hidden_files,
+    ledger_entries,
+    staged,
+)
 
 pytestmark = pytest.mark.spark
 

@@ -10,11 +10,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from headrace_spark import CompactionReport, SparkSink, compact
-from spark_support import data_files, hidden_files, ledger_entries, stream_seqs
 
-# isort: split
-# (spark_support put tests/sinks on sys.path)
-from sink_support import batch, rec, seqs
+from tests.sinks.sink_support import batch, rec, seqs
+from tests.spark.spark_support import data_files, hidden_files, ledger_entries, stream_seqs
 
 pytestmark = pytest.mark.spark
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from headrace_spark import SparkSessionError
 from headrace_spark import session as spark_session
-from spark_procs import run_child
+
+from tests.spark.spark_procs import run_child
 
 
 @pytest.mark.spark

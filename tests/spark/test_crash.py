@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from headrace.sinks import CONTROL
 from headrace_spark.ledger import CommitLedger
-from natspy_peer import consumer_info, wait_consumer
-from spark_procs import child
+
+from tests.natspy_peer import consumer_info, wait_consumer
+from tests.spark.spark_procs import child
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

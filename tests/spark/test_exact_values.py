@@ -19,11 +19,9 @@ import pyarrow as pa
 import pytest
 from headrace.pipeline import RecordsRejected
 from headrace_spark import SparkSchemaError, SparkSink, TableBuilder
-from spark_support import read_rows
 
-# isort: split
-# (spark_support put tests/sinks on sys.path)
-from sink_support import batch, rec
+from tests.sinks.sink_support import batch, rec
+from tests.spark.spark_support import read_rows
 
 UTC = dt.UTC
 AT = dt.datetime(2026, 11, 26, 12, 30, 15, 123456, tzinfo=UTC)

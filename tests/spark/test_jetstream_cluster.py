@@ -1,5 +1,5 @@
 """The ``jetstream`` Spark format off the test's local session: on a real Spark standalone
-cluster (a master and one worker from the jars PySpark ships, test_spark_standalone.py's
+cluster (a master and one worker from the jars PySpark ships, test_standalone.py's
 ``cluster`` fixture), where the reads run in the executor's Python workers, and through Spark
 Connect (``sc://``, conftest's ``connect_url``), where the format is registered from the client
 and runs in the server's. Each in a child process (jetstream_cluster_child.py): PySpark allows
@@ -20,11 +20,12 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from jetstream_cluster_child import APP_NAME, PER_TRIGGER, STREAM, WRITTEN
-from natspy_peer import NatsPyPeer
-from servers import NatsServer
-from spark_procs import run_child
-from test_spark_standalone import (  # noqa: F401 (cluster: that module's fixture, reused)
+
+from tests.natspy_peer import NatsPyPeer
+from tests.servers import NatsServer
+from tests.spark.jetstream_cluster_child import APP_NAME, PER_TRIGGER, STREAM, WRITTEN
+from tests.spark.spark_procs import run_child
+from tests.spark.test_standalone import (  # noqa: F401 (cluster: that module's fixture, reused)
     Cluster,
     cluster,
     log_tail,

@@ -35,8 +35,9 @@ from urllib.parse import unquote, urlsplit
 import pyarrow.parquet as pq
 import pytest
 import trio
-from natspy_peer import NatsPyPeer, once_placed_natspy
-from spark_procs import Child, child
+
+from tests.natspy_peer import NatsPyPeer, once_placed_natspy
+from tests.spark.spark_procs import Child, child
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.spark_children]
 

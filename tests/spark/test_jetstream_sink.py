@@ -14,7 +14,9 @@ from typing import Any
 
 import headrace_spark
 import pytest
-from jetstream_support import (
+
+from tests.servers import NatsServer
+from tests.spark.jetstream_support import (
     QUERY_TIMEOUT,
     add_stream,
     connect_peer,
@@ -23,7 +25,6 @@ from jetstream_support import (
     raw_publish,
     stored_messages,
 )
-from servers import NatsServer
 
 pytestmark = pytest.mark.spark
 

@@ -13,7 +13,9 @@ from typing import Any
 
 import headrace_spark
 import pytest
-from jetstream_support import (
+
+from tests.servers import NatsServer, token_auth, user_password_auth
+from tests.spark.jetstream_support import (
     QUERY_TIMEOUT,
     add_stream,
     connect_peer,
@@ -24,7 +26,6 @@ from jetstream_support import (
     raw_publish,
     stream_state,
 )
-from servers import NatsServer, token_auth, user_password_auth
 
 pytestmark = pytest.mark.spark
 

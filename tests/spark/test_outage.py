@@ -18,11 +18,17 @@ import trio
 from headrace.jetstream import ConsumerConfig
 from headrace.pipeline import BatchPolicy, SinkRetry
 from headrace_spark import SparkSink
-from spark_support import all_acked
 
-# isort: split
-# (spark_support put tests/pipeline on sys.path)
-from pipe_support import FAST, add_stream, connect, fast_pipeline, publish, source, wait_consumer
+from tests.pipeline.pipe_support import (
+    FAST,
+    add_stream,
+    connect,
+    fast_pipeline,
+    publish,
+    source,
+    wait_consumer,
+)
+from tests.spark.spark_support import all_acked
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -15,11 +15,17 @@ import pytest
 from headrace.pipeline import BatchPolicy, Record, RecordsRejected
 from headrace.pipeline.ack_tracker import PoisonTerminated
 from headrace_spark import SparkSchemaError, SparkSink, SparkWriteError
-from spark_support import all_acked
 
-# isort: split
-# (spark_support put tests/pipeline on sys.path)
-from pipe_support import FAST, add_stream, connect, fast_pipeline, publish, source, wait_consumer
+from tests.pipeline.pipe_support import (
+    FAST,
+    add_stream,
+    connect,
+    fast_pipeline,
+    publish,
+    source,
+    wait_consumer,
+)
+from tests.spark.spark_support import all_acked
 
 pytestmark = pytest.mark.spark
 

@@ -23,12 +23,18 @@ from headrace.pipeline import BatchPolicy
 from headrace.pipeline.ack_tracker import PoisonTerminated
 from headrace_spark import SparkPythonError, SparkSink
 from headrace_spark.session import embedded_conf
-from spark_procs import child_env, run_child
-from spark_support import all_acked
 
-# isort: split
-# (spark_support put tests/pipeline on sys.path)
-from pipe_support import FAST, add_stream, connect, fast_pipeline, publish, source, wait_consumer
+from tests.pipeline.pipe_support import (
+    FAST,
+    add_stream,
+    connect,
+    fast_pipeline,
+    publish,
+    source,
+    wait_consumer,
+)
+from tests.spark.spark_procs import child_env, run_child
+from tests.spark.spark_support import all_acked
 
 FAKE_PYTHON = """#!/bin/sh
 echo "this python3 is not a Python" >&2

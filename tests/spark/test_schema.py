@@ -19,11 +19,9 @@ from headrace.pipeline.record import Delivery, Record
 from headrace.protocol.events import Msg
 from headrace.protocol.headers import Headers
 from headrace_spark import CommitInfo, SparkSchemaError, SparkSink
-from spark_support import data_files, ledger_entries, read_rows, stream_seqs
 
-# isort: split
-# (spark_support put tests/sinks on sys.path)
-from sink_support import TS, batch, rec
+from tests.sinks.sink_support import TS, batch, rec
+from tests.spark.spark_support import data_files, ledger_entries, read_rows, stream_seqs
 
 pytestmark = pytest.mark.spark
 

@@ -18,11 +18,9 @@ from headrace_spark import (
     SparkSinkError,
     compact,
 )
-from spark_support import data_files, hidden_files, ledger_entries, stream_seqs
 
-# isort: split
-# (spark_support put tests/sinks on sys.path)
-from sink_support import batch, rec, seqs
+from tests.sinks.sink_support import batch, rec, seqs
+from tests.spark.spark_support import data_files, hidden_files, ledger_entries, stream_seqs
 
 pytestmark = pytest.mark.spark
 

@@ -15,11 +15,8 @@ import pyarrow as pa
 import pytest
 from headrace_spark import SparkSink, SparkSinkError
 from headrace_spark.staged_input import INPUT, remove_stale_inputs, stageable, staged_frame
-from spark_support import read_rows  # noqa: F401  (puts tests/sinks on sys.path)
 
-# isort: split
-# (spark_support put tests/sinks on sys.path)
-from sink_support import seqs
+from tests.sinks.sink_support import seqs
 
 pytestmark = pytest.mark.spark
 

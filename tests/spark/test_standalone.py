@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 import trio
-from spark_procs import child_env, run_child
-from spark_support import data_files
+
+from tests.spark.spark_procs import child_env, run_child
+from tests.spark.spark_support import data_files
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

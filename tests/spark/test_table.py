@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_procs import run_child
+
+from tests.spark.spark_procs import run_child
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -6,7 +6,7 @@ acked, and then asserts on what Spark reads back: 0 missing, 0 duplicated; the c
 floor at the stream's last sequence; nothing left staged, nothing committed and unpublished.
 
 The workers write with Arrow's writer (no JVM per worker on a two-core machine); the commit
-protocol around the write is the same for Spark's writer, which test_spark_workers_cluster.py
+protocol around the write is the same for Spark's writer, which test_workers_cluster.py
 runs (Spark Connect, a NATS cluster).
 """
 
@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 import trio
-from natspy_peer import consumer_info, wait_consumer
-from workers_support import (
+
+from tests.natspy_peer import consumer_info, wait_consumer
+from tests.spark.workers_support import (
     HEADRACE,
     count_orders,
     create_orders,

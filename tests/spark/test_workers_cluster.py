@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 import trio
-from natspy_peer import wait_consumer
-from spark_support import commit_state
-from workers_support import (
+
+from tests.natspy_peer import wait_consumer
+from tests.spark.spark_support import commit_state
+from tests.spark.workers_support import (
     count_orders,
     create_orders,
     running_workers,

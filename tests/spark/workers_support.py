@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from natspy_peer import once_placed_natspy
-from procs import LineProcess
-from spark_procs import child_env, json_events
+
+from tests.natspy_peer import once_placed_natspy
+from tests.procs import LineProcess, json_events
+from tests.spark.spark_procs import child_env
 
 HEADRACE = str(Path(sys.executable).parent / "headrace")
 
@@ -155,8 +156,11 @@ def write_pipeline(
 class Worker(LineProcess):
     """One ``headrace run`` worker process."""
 
+    transcript_lines = (30, 10)
+    transcript_skips = '"progress"'
+
     def __init__(self, proc: trio.Process, index: int, incarnation: int) -> None:
-        super().__init__(proc)
+        super().__init__(proc, f"worker {index}.{incarnation} (pid {proc.pid})")
         self.index = index
         self.incarnation = incarnation
 
@@ -164,17 +168,9 @@ class Worker(LineProcess):
     def pid(self) -> int:
         return int(self.proc.pid)
 
-    def transcript(self) -> str:
-        return (
-            f"--- worker {self.index}.{self.incarnation} (pid {self.pid}) stderr ---\n"
-            + "\n".join(line for line in self.err[-30:] if '"progress"' not in line)
-            + "\n--- stdout ---\n"
-            + "\n".join(self.out[-10:])
-        )
-
     def stdout_events(self, name: str) -> list[dict[str, Any]]:
         """The sink's JSON lines on stdout named ``name`` (workers_pipeline.py's)."""
-        return json_events(self.out, name)
+        return self.events(name)
 
     def log_events(self, name: str) -> list[dict[str, Any]]:
         """``headrace run``'s JSON log events on stderr named ``name``."""
@@ -364,7 +360,7 @@ async def wait_quiet_output(out: Path, natspy: Any, timeout: float) -> dict[str,
     """Until the output has nothing staged and its commit state no unpublished attempt: the
     sweeps have published what dead workers committed and deleted what never committed.
     Polled (a sweep has no event the test can wait on)."""
-    from spark_support import commit_state, staged
+    from tests.spark.spark_support import commit_state, staged
 
     state: dict[str, Any] = {}
     try:

@@ -22,7 +22,8 @@ from headrace.state.keyed import KeyedOperator, fold_fn
 from headrace.state.windows import TumblingWindow, WindowError, WindowOperator
 from hypothesis import given
 from hypothesis import strategies as st
-from test_windows import FLUSH, PROPERTY, Event, Fired, Spec, events, specs, us
+
+from tests.state.test_windows import FLUSH, PROPERTY, Event, Fired, Spec, events, specs, us
 
 
 def _rows(fired: list[Any], step: int) -> list[Fired]:

@@ -28,8 +28,7 @@ from headrace.pipeline.partitions import partition_graph
 from headrace.pipeline.stats import STATEFUL
 from headrace.sinks import MemorySink
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
-from cli_support import clean_env, headrace, metrics_samples
+from tests.cli.cli_support import clean_env, headrace, metrics_samples
 
 pytestmark = pytest.mark.slow
 

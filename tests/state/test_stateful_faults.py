@@ -33,7 +33,6 @@ import json
 import math
 import random
 import signal
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,13 +45,11 @@ from headrace.jetstream import publish_acked
 from headrace.nats import connect
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
-from natspy_peer import NatsPyPeer
+
+from tests.cli.cli_support import HeadraceProcess, clean_env, headrace, read_jsonl
+from tests.natspy_peer import NatsPyPeer
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "tests" / "cli") not in sys.path:  # cli_support: `headrace` child processes
-    sys.path.insert(0, str(ROOT / "tests" / "cli"))
-
-from cli_support import HeadraceProcess, clean_env, headrace, read_jsonl  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
