@@ -1,7 +1,8 @@
 """Pipelines: graphs of sources, operators and sinks, run as supervised actors.
 
 A JetStream message is acked only after every record derived from it was committed by every
-sink it reached (the ack tracker); cancelling a pipeline drains it. See docs/pipelines.md.
+sink it reached (the ack tracker, keeping its books in the ack ledger); cancelling a pipeline
+drains it. See docs/pipelines.md.
 
 The route of a message, top to bottom (docs/architecture.md section 3 has the whole path):
 
@@ -14,13 +15,17 @@ The route of a message, top to bottom (docs/architecture.md section 3 has the wh
 3. ``BatcherStage`` cuts batches between messages; ``SinkStage`` writes them through its
    ``BatchCommitter`` (sink_retry.py: retries, bisection) and reports ``committed`` or
    ``failed``.
-4. The tracker alone changes a delivery's state: when its last record is settled it is acked
-   (one ``ack_all`` per batch), naked, or made poison (dead letter, then +TERM). Its own task
-   sends +WPI for what is held, and asks each pull source (through the ``keep_alive`` callable
-   it was given, nothing more) to do so for what still waits in its buffer.
+4. The tracker (ack_tracker.py) hands each report to its ``AckLedger`` (ack_ledger.py, no I/O:
+   no socket, no trio, the time passed in), which alone changes a delivery's state and answers
+   what to send: when a delivery's last record is settled, the message to ack (one
+   ``ack_all`` per batch), or to nak with its delay, or the delivery made poison, which waits
+   in the ledger until the tracker's task has copied it to the dead letter and terminated it.
+   The tracker sends what the ledger answers. Its task scans for +WPI, sends those the ledger
+   finds due, and asks each pull source (through the ``keep_alive`` callable it was given,
+   nothing more) to do so for what still waits in its buffer.
 
-Acks flow one way: stages tell the tracker what happened; nothing reads or changes the
-tracker's counts but the tracker.
+Acks flow one way: stages tell the tracker what happened; nothing but the ledger changes a
+delivery's state or the counts.
 """
 
 from headrace.pipeline.ack_tracker import AckTracker, PoisonTerminated

@@ -18,7 +18,7 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 import trio
@@ -173,9 +173,11 @@ class SourceStage(Stage):
         found: list[Actor[Any]] = []
         if self.subscription is not None:
             found.extend(self.subscription.actors)
-        messages = self.messages
-        if messages is not None and messages is not self.subscription and messages not in found:
-            found.append(messages)  # type: ignore[arg-type]  # a consume buffer, an actor
+        # A pull source's consume buffer is an actor of its own (a push subscription is the
+        # subscription itself, whose actors are listed above).
+        buffer = cast("Actor[Any] | None", self.messages)
+        if buffer is not None and buffer is not self.subscription and buffer not in found:
+            found.append(buffer)
         return found
 
     async def run(self) -> None:
