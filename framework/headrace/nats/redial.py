@@ -4,7 +4,7 @@ Sans-IO, like :class:`~headrace.protocol.session.ClientSession`: the connection 
 asks :meth:`Redial.next` with the current time, sleeps until the answer's ``at``, dials, and
 reports the outcome (:meth:`Redial.dialing`, :meth:`Redial.failed`, :meth:`Redial.connected`,
 :meth:`Redial.lost`). The clock, the socket and the sleeping stay in the driver, so every
-decision here is tested without either (``tests/connection/test_redial.py``).
+decision here is tested without either (``tests/nats/test_redial.py``).
 
 The rules, from ADR-40 and the other clients' behaviour:
 
