@@ -365,6 +365,21 @@ def test_a_past_retry_time_while_disconnected_does_not_spin():
     assert request is not None and request.batch == 10
 
 
+def test_the_alarm_is_due_at_the_deadline_whatever_the_floats_say():
+    """Found by the state machine (the full suite, 2026-11-29): a consume with a 0.5 s heartbeat
+    (alarm after 1.0 s) last active at 1.05 has its deadline at 1.05 + 1.0 == 2.05, where
+    2.05 - 1.05 is just under 1.0. The timer must find the alarm due when the deadline says
+    so, or the driver wakes at the deadline, finds nothing, and wakes again at once."""
+    flow = consume_flow(heartbeat=0.5)
+    flow.pull(0.0, True)
+    flow.last_activity = 1.05
+    assert 2.05 - 1.05 < flow.alarm_after  # the float case itself
+    assert flow.deadline(2.05) == 2.05
+    decision = flow.timer(2.05)
+    assert isinstance(decision, Alarm)
+    assert flow.deadline(2.05) > 2.05
+
+
 def test_bytes_mode_a_message_too_large_for_the_rest_waits_for_the_reader():
     """409 Message Size Exceeds MaxBytes with 600 of the 1000 bytes left: the next message is
     larger than 600. Asking for those 600 again would be refused at once, in a loop (issue
@@ -766,7 +781,7 @@ class FlowMachine(RuleBasedStateMachine):
         owed = self.flow.outstanding() and self.flow.pulling
         decision = self.flow.timer(self.now)
         if isinstance(decision, Alarm) or (isinstance(decision, Ended) and self.ended_with is None):
-            assert owed and self.now - last >= self.flow.alarm_after, "an alarm too early"
+            assert owed and self.now >= last + self.flow.alarm_after, "an alarm too early"
             assert self.now >= deadline
             if isinstance(decision, Alarm):
                 assert decision.silence == self.now - last

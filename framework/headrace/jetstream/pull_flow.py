@@ -437,13 +437,14 @@ class PullFlow:
                 self._check_exists = False
                 return CHECK_CONSUMER
             return PULL
-        if self.pulling and self.outstanding():
-            silence = now - self.last_activity
-            if silence >= self.alarm_after:
-                if not self.refill:
-                    return self._end(None)  # the request is lost: conclude the fetch
-                self.reset_pending()
-                return Alarm(silence)
+        # The same sum as deadline(), not ``now - last_activity >= alarm_after``: in floats the
+        # two can disagree (1.05 + 1.0 == 2.05, but 2.05 - 1.05 < 1.0), and a driver woken at
+        # its deadline would find nothing due, and wake again at once.
+        if self.pulling and self.outstanding() and now >= self.last_activity + self.alarm_after:
+            if not self.refill:
+                return self._end(None)  # the request is lost: conclude the fetch
+            self.reset_pending()
+            return Alarm(now - self.last_activity)
         return None
 
     # -- the connection and the end -----------------------------------------------------------
