@@ -330,24 +330,27 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(
         source=st.sampled_from(["A", "A", "B"]),  # (A's short ack wait runs out more often)
         new=st.integers(0, 3),
-        buffered=st.booleans(),
+        buffered=st.sampled_from([None, 0.5, 3.0]),
         due=st.booleans(),
         data=st.data(),
     )
     def deliver(
-        self, source: str, new: int, buffered: bool, due: bool, data: st.DataObject
+        self, source: str, new: int, buffered: float | None, due: bool, data: st.DataObject
     ) -> None:
         """New messages, redeliveries of naked ones and of held ones whose ack wait ran out
-        (``due``: all of those, else some), in any order; ``buffered``: they waited half a
-        second in a consume buffer."""
-        since = self.now - 0.5 if buffered else None
-        start = self.now if since is None else since
+        (``due``: all of those, else some), in any order; ``buffered``: the batch's oldest
+        message waited that long in a consume buffer (its ``since``), while a redelivery in it
+        may have come just now (3 s is over half of A's ack wait: the merge must not look at
+        ``since``)."""
+        since = None if buffered is None else self.now - buffered
         mine = stream(source)
         naked = [k for k in self.waiting if k[0] == mine]
         expired = [
             d
             for d in self.held()
-            if d.source == source and start - self.alive_at[id(d)] >= self.ack_wait(source)
+            # the server sent them by now; the batch's own ``since`` may be older (it is its
+            # oldest arrival)
+            if d.source == source and self.now - self.alive_at[id(d)] >= self.ack_wait(source)
         ]
         again, lapsed = naked, expired
         if not due:

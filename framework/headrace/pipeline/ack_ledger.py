@@ -213,7 +213,9 @@ class AckLedger:
         (:meth:`_held_again`)."""
         received = now if since is None else since
         groups = self._groups
-        if groups and msgs and received - groups[0].received >= self.half_ack_wait(source):
+        # ``now``, not ``since``: a batch's ``since`` is its oldest arrival (or last +WPI), and
+        # a redelivery that came later in the same batch may be one of a held message.
+        if groups and msgs and now - groups[0].received >= self.half_ack_wait(source):
             msgs = self._held_again(msgs, source, now)
         group = _Group(received, [])
         deliveries = group.deliveries = [Delivery(m, received, source, group) for m in msgs]

@@ -59,18 +59,17 @@ class PoisonTerminated(HeadraceError):
 
 @attrs.frozen(slots=True)
 class _Wake:
-    """Something for the tracker's task: poison jobs wait in the ledger, or a source learned
-    its ack_wait (the scan interval may have become shorter)."""
+    """Poison jobs wait in the ledger: the tracker's task is to take them."""
 
 
 _WAKE = _Wake()
 
-#: The tracker's inbox holds one wake-up at most. What it wakes for is kept elsewhere: poison
-#: jobs in the ledger (a failure is reported synchronously, by ``failed``, which cannot wait
-#: for room, and a poison job dropped for want of room would be neither dead-lettered nor
-#: naked), ack waits in the ledger too. So a wake-up that finds the inbox full is not needed:
-#: the one already there makes the task take every poison job then waiting, and look at the
-#: scan interval again. An unbounded inbox of jobs is what this replaces.
+#: The tracker's inbox holds one wake-up at most. What it wakes for is kept elsewhere: the
+#: poison jobs, in the ledger (a failure is reported synchronously, by ``failed``, which cannot
+#: wait for room, and a poison job dropped for want of room would be neither dead-lettered nor
+#: naked). So a wake-up that finds the inbox full is not needed: the one already there makes
+#: the task take every poison job then waiting. An unbounded inbox of jobs is what this
+#: replaces. (A source's new ack_wait goes to the +WPI scan directly.)
 INBOX_SIZE = 1
 
 #: A source's way to send +WPI for the messages waiting in its consume buffer that arrived
@@ -79,8 +78,8 @@ KeepAlive = Callable[[float], int]
 
 
 class AckTracker(Actor[_Wake]):
-    """The one owner of every delivery's state in a run (see the module docs), through its
-    :class:`AckLedger` (:attr:`ledger`).
+    """The driver of a run's :class:`AckLedger` (:attr:`ledger`), which owns every delivery's
+    state (see the module docs).
 
     Stages report facts to it, synchronously and one way (``admit``, ``forked``, ``expanded``,
     ``release``, ``committed``, ``failed``); it acks a message once all its records are
@@ -143,7 +142,9 @@ class AckTracker(Actor[_Wake]):
         self.ledger.learn_ack_wait(source, ack_wait)
         if keep_alive is not None:
             self.keep_alives[source] = keep_alive
-        self.tell(_WAKE)  # (full: a wake-up is queued already, which rescans)
+        # Straight to the scan, not through the inbox: behind a queue of poison jobs, the
+        # first +WPI of a source with a shorter ack_wait would come late.
+        self._rescan.set()
 
     # -- reports from the other actors (synchronous) ------------------------------------------
 
@@ -241,12 +242,12 @@ class AckTracker(Actor[_Wake]):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._scan_loop)
             while True:
-                await self.inbox.receive()
-                # A source bound (its ack_wait may call for an earlier scan), or poison came:
-                # both are harmless to look at when they did not happen.
-                self._rescan.set()
+                await self.inbox.receive()  # poison came (see INBOX_SIZE)
                 while (job := ledger.take_poison()) is not None:
                     await self._poison(job)
+                    # Each job is shielded whole; between two, a stop takes effect (the jobs
+                    # left in the ledger are delivered again after their ack wait).
+                    await trio.lowlevel.checkpoint()
 
     @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the app (shutdown.py)
     async def _scan_loop(self) -> None:
