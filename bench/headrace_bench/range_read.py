@@ -316,8 +316,10 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 
     # Imports off the clock (a task's Python worker has them loaded after its first task);
     # the reader's module brings pyarrow and pyspark, about 1 s.
-    for module in ("headrace.jetstream", "headrace.nats", "headrace_spark.datasource.reading"):
+    for module in ("headrace.jetstream", "headrace.nats", "headrace_spark.datasource"):
         importlib.import_module(module)
+    from headrace_spark.datasource import read_range  # noqa: F401 - loads the reader's module
+
     tune_gc()
     started = time.perf_counter()
     cpu = time.process_time()

@@ -85,7 +85,7 @@ LEASE_SECONDS = 600.0
 async def compact_shared(sink: Any, shared: Any, *, min_files: int = 8) -> CompactionReport:
     """Compact a shared output from a worker writing it (``SparkSink.compact`` in shared mode):
     the data files published in each directory holding ``min_files`` or more become one. Raises
-    :class:`~headrace.sinks.errors.OutputInUse` while another worker holds the lease."""
+    :class:`~headrace.sinks.OutputInUse` while another worker holds the lease."""
     if min_files < 2:
         raise ValueError(f"min_files must be at least 2, not {min_files}")
     coordinator, output = shared.coordinator, shared.output
@@ -157,7 +157,7 @@ def compact(
     path: str | os.PathLike[str], *, spark: Any = None, min_files: int = 8, **session: Any
 ) -> CompactionReport:
     """Compact the output directory ``path`` of a Spark sink that is not running (it takes the
-    sink's lock: :class:`~headrace.sinks.errors.OutputInUse` while one is). ``spark``: a session
+    sink's lock: :class:`~headrace.sinks.OutputInUse` while one is). ``spark``: a session
     to use, else one is started with ``session`` (the arguments of ``start_session``)."""
     from headrace_spark.session import start_session
 

@@ -98,7 +98,7 @@ class BatchMetadata:
 
 def once_per_message(batch: Batch) -> tuple[list[Record], BatchMetadata, int, bool]:
     """The batch's records without those of a second delivery of a message it already holds
-    (headrace.sinks.shared_writer.once_per_message, counted in bulk from the metadata), their
+    (headrace.sinks.once_per_message, counted in bulk from the metadata), their
     metadata, how many were left out, and whether the batch holds redeliveries."""
     records = batch.records
     meta = BatchMetadata.of(records)

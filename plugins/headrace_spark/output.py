@@ -64,7 +64,7 @@ def name_staged(staging: Path, token: str) -> list[str]:
     """Give the data files Spark (or Arrow) wrote under ``staging`` the names they will have in
     the output (``part-<token>-00000.snappy.parquet``, in the same partition directories) and
     delete the rest (``_SUCCESS``, ``.crc`` checksums): the staged attempt of a shared output
-    (headrace.sinks.shared_output) then holds exactly the files to publish. Their final paths,
+    (headrace.sinks.SharedOutput) then holds exactly the files to publish. Their final paths,
     relative to the output."""
     named: list[str] = []
     for n, (staged_dir, source) in enumerate(sorted(OutputDir._staged_files(staging))):
@@ -233,7 +233,7 @@ class ClaimedOutput:
 
 def claim_output(root: Path, *, fsync: bool = True) -> ClaimedOutput:
     """Take ``root`` for this process, in the order the commit protocol needs: lock first
-    (:class:`~headrace.sinks.errors.OutputInUse` if a sink holds it), then the ledger, then
+    (:class:`~headrace.sinks.OutputInUse` if a sink holds it), then the ledger, then
     recovery, then the ledger told of committed files that are gone, so that nothing (a
     compaction, a table's registration) later reads a file that no longer exists. The lock
     is released if any step fails; otherwise the caller releases it."""

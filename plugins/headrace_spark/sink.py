@@ -24,7 +24,7 @@ Two ways to commit (``commits=``):
 
 - ``"shared"``: the output is shared by every worker of the pipeline (processes on one host or
   many), coordinated through a commit state in a JetStream KV bucket
-  (headrace.sinks.shared_writer, headrace.commits). The default inside a pipeline
+  (headrace.sinks.SharedWriter, headrace.commits). The default inside a pipeline
   (``"auto"``): the pipeline binds the sink to its JetStream connection;
 - ``"local"``: the ledger above, in the output directory; one process at a time (it holds an
   exclusive lock). The default when the sink is used on its own, without ``bind``.
@@ -463,7 +463,7 @@ class SparkSink(Sink):
         return info
 
     async def _write_shared(self, shared: SharedWriter, batch: Batch, tag: str) -> None:
-        """A batch into a shared output (headrace.sinks.shared_writer): the metadata parsed in
+        """A batch into a shared output (headrace.sinks.SharedWriter): the metadata parsed in
         bulk once, a message delivered twice in the batch written once."""
         started = time.perf_counter()
         records, meta, duplicates, redelivered = await trio.to_thread.run_sync(

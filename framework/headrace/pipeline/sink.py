@@ -113,7 +113,8 @@ def sink_members(sink: object, name: str | None = None) -> SinkMembers:
     has no callable ``write_batch``, or has an optional member that is not callable."""
     label = f"sink {name!r} ({sink!r})" if name else f"sink {sink!r}"
     write = getattr(sink, "write_batch", None)
-    if not callable(write):
+    if not callable(write) or getattr(type(sink), "write_batch", None) is Sink.write_batch:
+        # (Sink's own raises: a subclass that forgot it would fail every batch, as bad data.)
         raise TypeError(f"{label} has no write_batch(batch) method")
     found: dict[str, Callable[..., Any] | None] = {}
     for member in OPTIONAL_MEMBERS:

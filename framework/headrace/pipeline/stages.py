@@ -173,8 +173,9 @@ class SourceStage(Stage):
         found: list[Actor[Any]] = []
         if self.subscription is not None:
             found.extend(self.subscription.actors)
-        # A pull source's consume buffer is an actor of its own (a push subscription is the
-        # subscription itself, whose actors are listed above).
+        # A pull source's consume buffer is an actor of its own (the in-memory one of
+        # headrace.testing stands in for one: a name and a state); a push subscription is the
+        # subscription itself, whose actors are listed above.
         buffer = cast("Actor[Any] | None", self.messages)
         if buffer is not None and buffer is not self.subscription and buffer not in found:
             found.append(buffer)
