@@ -340,3 +340,17 @@ def test_a_reach_past_the_face_is_found():
         "headrace.jetstream.codec is internal (decode)",
         "NoSuchName is not in headrace.pipeline.__all__",
     ]
+
+
+def test_no_internal_module_re_exports_a_name():
+    """``from x import name as name`` (the explicit re-export idiom) belongs in a package's
+    ``__init__``, a public face; in an internal module it is a shim for a name that moved,
+    and nothing has been released that would need one."""
+    wrong = []
+    for module, path in sorted(MODULES.items()):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                wrong += [f"{module}: {a.name}" for a in node.names if a.asname == a.name]
+    assert not wrong, "re-exports outside a package's __init__:\n" + "\n".join(wrong)

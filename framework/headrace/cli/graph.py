@@ -8,7 +8,7 @@ from typing import Any
 
 from headrace.cli.overrides import OverrideError, Overrides
 from headrace.cli.target import TargetError, load_target
-from headrace.pipeline.graph import PipelineError
+from headrace.pipeline.errors import PipelineError
 from headrace.sinks.errors import SinkLoadError, UnknownSink
 
 

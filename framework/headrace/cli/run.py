@@ -74,8 +74,9 @@ from headrace.jetstream.errors import (
 from headrace.nats.connection import connect
 from headrace.nats.servers import redact_url
 from headrace.pipeline.caught_up import NotCaughtUp
+from headrace.pipeline.errors import PipelineError
 from headrace.pipeline.gc_tuning import restore_gc, tune_gc
-from headrace.pipeline.graph import Pipeline, PipelineError
+from headrace.pipeline.graph import Pipeline
 from headrace.pipeline.partitioning import Partitioning
 from headrace.pipeline.partitions import PartitionRuns, run_partitioned
 from headrace.pipeline.runtime import PipelineRun, StageError

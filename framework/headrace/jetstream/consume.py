@@ -89,8 +89,6 @@ from headrace.jetstream.pull_flow import (
     Warn,
     default_heartbeat,
 )
-
-# Re-exported: they were defined here before the pull flow had a module of its own.
 from headrace.jetstream.pull_status import pending_counts
 from headrace.nats.events import (
     Connected,

@@ -31,9 +31,9 @@ delivery's state or the counts.
 from headrace.pipeline.ack_tracker import AckTracker, PoisonTerminated
 from headrace.pipeline.batch import Batch, BatchPolicy
 from headrace.pipeline.caught_up import CatchUpMark, CatchUpTimeout, NotCaughtUp
-from headrace.pipeline.errors import PipelineEnded
+from headrace.pipeline.errors import PipelineEnded, PipelineError
 from headrace.pipeline.gc_tuning import GcSettings, restore_gc, tune_gc
-from headrace.pipeline.graph import Pipeline, PipelineError, run_until_caught_up
+from headrace.pipeline.graph import Pipeline, run_until_caught_up
 from headrace.pipeline.keyed import KeyedStream, StateSpec
 from headrace.pipeline.lookup import LookupMissing, LookupSpec
 from headrace.pipeline.nodes import Node

@@ -35,8 +35,6 @@ import trio
 
 from headrace.pipeline.caught_up import CatchUpTimeout, NotCaughtUp
 from headrace.pipeline.describe import mermaid
-from headrace.pipeline.errors import PipelineError as PipelineError  # defined here before
-from headrace.pipeline.nodes import OPERATORS as OPERATORS  # the graph was defined here before
 from headrace.pipeline.nodes import PipelineGraph
 from headrace.pipeline.runtime import PipelineRun
 
