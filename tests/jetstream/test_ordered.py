@@ -196,7 +196,10 @@ async def test_recreated_after_its_consumer_is_deleted(js, natspy, nats_server):
     await publish(js, 0, 100)
     peer = await natspy.connect(nats_server.url)
     peer_js = peer.jetstream()
-    cfg = ConsumerConfig(idle_heartbeat=HB)
+    # Heartbeats of 1 s (missed after 3 s), not HB: the advisory comes within milliseconds,
+    # but a loaded host that runs the loop 0.3 s late let the heartbeat alarm win the race
+    # once (2026-11-29), and which path replaced the consumer is what this test is about.
+    cfg = ConsumerConfig(idle_heartbeat=1.0)
     async with js.subscribe("s.x", ordered=True, config=cfg) as sub, trio.open_nursery() as n:
         with sub.events() as events:
             reader = Reader(sub)
