@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.natspy_peer import consumer_info
@@ -51,6 +52,7 @@ def test_the_page_shows_its_catch_block() -> None:
     assert "except* KeyboardInterrupt:" in page and "sys.exit(130)" in page
 
 
+@pytest.mark.slow
 async def test_ctrl_c_ends_the_documented_app_cleanly(
     nats_server: Any, natspy: Any, tmp_path: Path
 ) -> None:

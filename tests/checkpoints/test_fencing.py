@@ -140,6 +140,7 @@ async def test_a_stolen_reservation_cancels_the_handler_and_refuses_its_writes(
         assert workers.failures == 0  # a lost claim is no handler failure
 
 
+@pytest.mark.slow
 async def test_a_handler_longer_than_its_reservation_keeps_it(
     nats_server: Any, natspy: Any
 ) -> None:

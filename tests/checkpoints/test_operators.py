@@ -110,6 +110,7 @@ async def cli(*args: str) -> tuple[int, str, str]:
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
+@pytest.mark.slow
 async def test_command_line(store: CheckpointStore, nats_server: Any) -> None:
     url = ("--nats", nats_server.url)
     code, out, err = await cli("failed", *url)

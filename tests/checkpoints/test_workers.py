@@ -276,6 +276,7 @@ async def test_a_dead_hosts_reservations_expire_and_are_taken_over(
     assert sorted(handled) == sorted(set(handled)) and len(handled) == total
 
 
+@pytest.mark.slow
 async def test_a_killed_host_is_recovered_and_each_event_handled_once(
     nats_server: Any, natspy: Any
 ) -> None:

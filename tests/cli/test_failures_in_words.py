@@ -164,6 +164,7 @@ pipeline.source(JetStreamSource(stream="ORDERS", durable="warns")).sink(Warns(),
 """
 
 
+@pytest.mark.slow
 async def test_a_warning_is_an_event_line(nats_server: Any, natspy: Any, tmp_path: Path) -> None:
     """Issue 23: a warning given while the run went on (the framework's, while the server was
     away) was printed as Python's two raw lines between the progress lines."""

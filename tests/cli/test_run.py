@@ -173,6 +173,7 @@ def _event_time(event: dict[str, Any]) -> float:
     return dt.datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
 
 
+@pytest.mark.slow
 async def test_second_signal_stops_at_once(nats_server, natspy, tmp_path: Path) -> None:
     await create_stream(natspy, nats_server.url)
     await publish(natspy, 20)
@@ -449,6 +450,7 @@ async def test_user_password(nats_server_factory, tmp_path: Path) -> None:
     assert " started " in right.stderr.decode()
 
 
+@pytest.mark.slow
 async def test_token_and_tls(nats_server_factory, tls_files, tmp_path: Path) -> None:
     auth = token_auth()
     server = nats_server_factory(auth=auth.config, tls=tls_files)
@@ -524,6 +526,7 @@ async def test_live_view_on_a_terminal(nats_server, natspy, tmp_path: Path) -> N
     assert all(len(line) <= 100 for line in proc.err if not re.search(r" (started|stopped) ", line))
 
 
+@pytest.mark.slow
 async def test_sink_failures_are_error_events(nats_server, natspy, tmp_path: Path) -> None:
     """A failed write is reported and survived: the batch is written again (no nak, no
     redelivery: a sink that fails is backpressure, not bad data) and committed."""

@@ -124,6 +124,7 @@ def json_lines(done: Any) -> list[dict[str, Any]]:
 # -- against a real server --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_show_decodes_the_snapshot_of_an_operator_on_disk(nats_server: Any) -> None:
     url = nats_server.url
     evs = events(1_500, seed=3)
@@ -143,6 +144,7 @@ async def test_show_decodes_the_snapshot_of_an_operator_on_disk(nats_server: Any
     assert "tumbling windows of 1m, lateness 5s, kept on disk" in done.stdout.decode()
 
 
+@pytest.mark.slow
 async def test_show_before_and_after_a_windowed_run(nats_server: Any) -> None:
     url = nats_server.url
     done = await state(url, "show", "clicks")
@@ -223,6 +225,7 @@ def _iso(seconds: float) -> str:
     return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+@pytest.mark.slow
 async def test_reset_removes_the_state_and_the_next_run_starts_afresh(nats_server: Any) -> None:
     url = nats_server.url
     first = events(600, seed=2)
@@ -541,6 +544,7 @@ def test_state_figures_of_a_run_and_of_workers() -> None:
     assert STATEFUL not in combine_stats([plain])
 
 
+@pytest.mark.slow
 async def test_bad_arguments_exit_2() -> None:
     done = await run_headrace("state", "reset", "onlypipeline")
     assert done.returncode == 2
@@ -563,6 +567,7 @@ async def test_no_server_exits_2(tmp_path: Path) -> None:
     assert b"headrace state show: cannot connect to NATS" in done.stderr
 
 
+@pytest.mark.slow
 async def test_heads_name_their_operator_whatever_its_key(nats_server: Any) -> None:
     """Names that are not one key token are hashed in the key; the head records them, and
     `show` names the operator so. A head written before heads recorded names is shown under

@@ -559,6 +559,7 @@ def test_a_port_whose_last_server_died_is_not_in_use() -> None:
     assert not _port_taken(port)
 
 
+@pytest.mark.slow
 async def test_pub_says_the_connection_was_lost(nats_server_factory: Any, natspy: Any) -> None:
     """Issue 23: publishing while the server went away said "no reply within 5s", which reads
     as a server that does not answer; the connection was lost, and the message's fate is

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
 import trio
 from headrace.cli.metrics import Snapshot, answer, render, serve
 from headrace.cli.progress import EventsOnly, JsonLines, LiveView, PlainLines, Sample, make_reporter
@@ -151,6 +152,7 @@ def test_make_reporter() -> None:
 # -- typos: no abbreviations, the option meant suggested ----------------------------------------
 
 
+@pytest.mark.slow
 def test_options_are_never_abbreviated_and_a_typo_names_the_option_meant(tmp_path) -> None:
     """`--worker 2` ran as `--workers 2` (argparse's prefix matching); `--until-caughtup` was
     reported with the top-level usage; a target's misspelt attribute had no suggestion."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.cli.cli_support import (
     consumer_info,
     create_stream,
@@ -119,6 +121,7 @@ pipeline.source(JetStreamSource(stream="ORDERS", durable="stuck")).map(json.load
 """
 
 
+@pytest.mark.slow
 async def test_a_stuck_sink_is_said_and_timeout_ends_the_run_with_5(
     nats_server, natspy, tmp_path: Path
 ) -> None:

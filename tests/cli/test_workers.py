@@ -377,6 +377,7 @@ async def test_configuration_error_stops_all_workers_with_exit_2(
     assert events[-1]["event"] == "stopped" and events[-1]["exit_code"] == 2
 
 
+@pytest.mark.slow
 async def test_workers_end_with_their_supervisor(nats_server, natspy, tmp_path: Path) -> None:
     """The supervisor SIGKILLed (no chance to stop anything): its workers end too."""
     await create_stream(natspy, nats_server.url)
@@ -419,6 +420,7 @@ async def test_workers_get_secrets_through_their_environment_not_their_command_l
         assert await proc.wait_exit() == 0, proc.transcript()
 
 
+@pytest.mark.slow
 async def test_stdout_passes_through_and_plain_progress_sums(
     nats_server, natspy, tmp_path: Path
 ) -> None:

@@ -486,6 +486,7 @@ async def test_sweep_forgets_a_committed_attempt_already_published(nats_server, 
         assert tree(tmp_path) == FILES and live.state.unpublished == {}
 
 
+@pytest.mark.slow
 async def test_a_commit_cut_off_in_doubt_is_published_by_the_next_sweep(nats_server, tmp_path):
     """The server freezes while the commit is written: after its deadline the coordinator
     gives up (transient: the batch comes again), but the write it had sent lands once the

@@ -143,6 +143,7 @@ async def test_nak_with_delay(nats_server):
         assert (again.metadata.stream_seq, again.metadata.num_delivered) == (1, 2)
 
 
+@pytest.mark.slow
 async def test_term_never_redelivers(nats_server):
     """Two unacked messages, ack wait 0.5 s: the terminated one is never redelivered, the other
     one is, so the second fetch proves the ack wait did pass."""

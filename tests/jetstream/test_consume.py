@@ -166,6 +166,7 @@ async def test_consumer_deleted_mid_consume_ends_after_buffered_messages(nats_se
 # -- memory bounds and request pacing (an empty stream at the start, then messages) -----------
 
 
+@pytest.mark.slow
 @ALARM
 async def test_slow_reader_stops_requests_and_resumes(nats_server, natspy, alarm):
     """Backpressure: with a reader that stops, the buffer holds at most max_messages, no more
@@ -272,6 +273,7 @@ async def test_drain_reads_exactly_what_one_request_brought(nats_server, natspy)
         assert info.delivered.stream_seq == 30 and info.num_pending == 70
 
 
+@pytest.mark.slow
 async def test_idle_consume_renews_expired_requests_silently(nats_server):
     """Requests expire (408) and heartbeats arrive (100) on an idle consumer: neither reaches
     the user nor raises an event; a fresh request is in place when messages come. (Heartbeats
@@ -301,6 +303,7 @@ async def test_idle_consume_renews_expired_requests_silently(nats_server):
                 nursery.cancel_scope.cancel()
 
 
+@pytest.mark.slow
 async def test_consume_waits_out_a_full_max_waiting_without_a_tight_loop(nats_server, natspy):
     """max_waiting=1 and another client holds the only waiting slot. nats-server 2.15 drops a
     pull request with idle_heartbeat silently then (no 409 Exceeded MaxWaiting; that status is

@@ -23,6 +23,7 @@ FEED = ConsumerConfig(
 )
 
 
+@pytest.mark.slow
 async def test_a_stream_sources_through_a_flow_control_consumer(
     nats_server: Any, natspy: Any
 ) -> None:

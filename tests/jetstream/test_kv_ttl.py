@@ -119,6 +119,7 @@ async def test_create_with_ttl_expires_into_a_purge_marker(nats_server):
         assert (await kv.get("short")).revision == again
 
 
+@pytest.mark.slow
 async def test_bucket_ttl_with_markers_tells_watchers(nats_server):
     """A value removed by the bucket's own ttl (max_age) leaves a MaxAge marker too."""
     async with connect(nats_server.url) as nc:
@@ -130,6 +131,7 @@ async def test_bucket_ttl_with_markers_tells_watchers(nats_server):
         assert (marker.key, marker.operation) == ("k", Operation.PURGE)
 
 
+@pytest.mark.slow
 async def test_purge_with_ttl_leaves_no_trace(nats_server):
     """The purge marker goes after its ttl, and the server places no marker for a marker.
     Its removal has no event of its own: a key created after it with the same ttl expires no
@@ -363,6 +365,7 @@ async def test_purge_deletes_removes_every_marker(nats_server):
         assert (await kv.status()).values == 2
 
 
+@pytest.mark.slow
 async def test_purge_deletes_keeps_young_markers(nats_server):
     """A marker younger than ``older_than`` stays (its key's older entries go); an older one
     goes with its key. The two markers are two seconds apart: the wait is a key created with

@@ -218,6 +218,7 @@ async def test_missing_heartbeats_raise_an_alarm_then_a_new_request():
 # -- consume: 503 and connection loss ---------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_503_warns_then_checks_the_consumer_before_pulling_again():
     """A 503 reaches the user as a PullWarning; a second later the consume asks for consumer
     info before it pulls again. While the consumer exists, it pulls (the whole buffer). A

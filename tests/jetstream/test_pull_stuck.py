@@ -114,6 +114,7 @@ async def test_a_message_too_large_for_what_is_left_waits_for_room(nats_server):
             assert len(requests) <= 3  # the first, the one after the reader made room, a refill
 
 
+@pytest.mark.slow
 async def test_fetch_of_a_message_larger_than_max_bytes_raises(nats_server):
     """fetch used to return nothing, so a fetch loop asked again and again."""
     async with connect(nats_server.url, **FAST) as nc:

@@ -125,6 +125,7 @@ async def test_review2_clean_block_exit_raises_exceptiongroup_after_close(nats_s
 #    cancelled) is never answered: it waits forever (and the block exit is shielded) ---------
 
 
+@pytest.mark.slow
 async def test_review2_unsubscribe_after_a_cancelled_drain_returns(js):
     cfg = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT)
     async with js.subscribe("s.x", config=cfg) as sub:
@@ -160,6 +161,7 @@ async def test_review2_ack_policy_all_drain_does_not_wait_out_its_timeout(js):
 #    ignoring the deliver policy: a "new messages only" subscription replays history --------
 
 
+@pytest.mark.slow
 async def test_review2_ordered_recreation_keeps_deliver_policy(js):
     await publish_n(js, 3)  # history that DeliverPolicy.NEW must not show
     cfg = ConsumerConfig(idle_heartbeat=0.1, deliver_policy=DeliverPolicy.NEW)

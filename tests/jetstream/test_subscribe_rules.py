@@ -253,6 +253,7 @@ async def test_durable_given_wins_over_the_queue_name(js):
 # -- rule 7: an existing consumer must match ---------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_push_bound_without_group_is_a_duplicate_subscription(js, nats_server):
     await make_stream(js)
     await js.create_consumer(

@@ -446,6 +446,7 @@ async def test_poison_without_a_dead_letter_subject_is_terminated_and_reported(n
     assert info.delivered.consumer_seq == 1
 
 
+@pytest.mark.slow
 async def test_poison_handling_is_never_cut_in_half_by_the_in_progress_scan(nats_server, peer):
     """A batch of 20 poison messages meets a server that stops answering (frozen) for longer
     than their ack wait: each message's dead-letter publish and +TERM run to their end once

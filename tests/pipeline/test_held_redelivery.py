@@ -93,6 +93,7 @@ async def test_redeliveries_of_held_messages_are_not_taken_again(
     assert stats.acks == N
 
 
+@pytest.mark.slow
 async def test_records_a_sink_skips_as_committed_are_counted_apart(
     nats_server: Any, natspy: Any, tmp_path: Any
 ) -> None:

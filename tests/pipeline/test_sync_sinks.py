@@ -105,6 +105,7 @@ async def busy_app(stop: trio.Event, done: list[int]) -> None:
         nursery.start_soon(one)
 
 
+@pytest.mark.slow
 async def test_two_sqlite_sinks_each_keep_one_thread(
     nats_server: Any, peer: Any, tmp_path: Path
 ) -> None:

@@ -137,6 +137,7 @@ async def test_headrace_run_ends_with_its_code_while_open_is_in_duckdb(
     assert stopped.endswith(f"exit_code={done.returncode}") and done.returncode == 1, err
 
 
+@pytest.mark.slow
 async def test_an_application_waits_for_the_call_then_exits_with_its_own_code(
     stream: None, nats_server: Any, tmp_path: Path
 ) -> None:
@@ -147,6 +148,7 @@ async def test_an_application_waits_for_the_call_then_exits_with_its_own_code(
     assert done.returncode == 3
 
 
+@pytest.mark.slow
 async def test_an_application_ends_unfinalized_after_the_grace(
     stream: None, nats_server: Any, tmp_path: Path
 ) -> None:

@@ -89,6 +89,7 @@ def run_disk(
     return rows, marks
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(spec=specs, evs=events, lateness=st.integers(0, 40), data=st.data())
 def test_windows_on_disk_match_windows_in_memory(
@@ -190,6 +191,7 @@ def _step(state: Any, value: int) -> tuple[Any, Any]:
     return (total if total > 0 else None), (total if total % 3 == 0 else None)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(ops=ops, ttl=st.sampled_from([None, 5.0]))
 def test_keyed_state_on_disk_matches_keyed_state_in_memory(

@@ -401,6 +401,7 @@ async def test_workers_converge_to_a_balanced_split(nats_server, n):
                 assert not (await worker.step(time.time())).changed
 
 
+@pytest.mark.slow
 async def test_a_stalled_worker_loses_its_partitions_to_the_others_after_the_ttl(nats_server):
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)

@@ -113,6 +113,7 @@ def as_counts(results: list[WindowResult]) -> Counter[tuple[str, float]]:
 BACKENDS = pytest.mark.parametrize("backend", ["memory", "disk"])
 
 
+@pytest.mark.slow
 @BACKENDS
 async def test_tumbling_counts_equal_the_counts_computed_from_the_events(nats_server, backend):
     evs = events(20_000)
@@ -365,6 +366,7 @@ async def test_a_windowed_join_pairs_what_a_brute_force_pairs(nats_server):
     assert found  # the data does pair
 
 
+@pytest.mark.slow
 async def test_a_lookup_enriches_each_record_from_kv_and_drops_or_keeps_the_missing(nats_server):
     async with connect(nats_server.url) as nc:
         js = JetStream(nc)
@@ -457,6 +459,7 @@ class DownSink(MemorySink):
         await super().write_batch(batch)
 
 
+@pytest.mark.slow
 @BACKENDS
 async def test_an_operator_waits_for_its_sinks_instead_of_piling_up_results(nats_server, backend):
     """Windows of one second close ~20 at a time while the sink is down: once 100 results
@@ -563,6 +566,7 @@ def test_a_stateful_operator_on_an_ephemeral_consumer_is_refused_in_words():
         pipe.validate()
 
 
+@pytest.mark.slow
 async def test_a_state_read_through_another_durable_is_refused_in_words(nats_server):
     """A durable renamed under the same pipeline and operator would deliver again everything
     the state counted (its ack floor is not the state's): the run stops with
