@@ -291,6 +291,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.next_seq = dict.fromkeys(SOURCES, 1)
         self.merged = 0
         self.naked = 0
+        #: Messages the tracker copied to the dead letter (their +TERM may have been lost).
+        self.copied: set[tuple[str, int]] = set()
 
     @initialize(learn_b=st.booleans(), first=st.integers(1, 4))
     def bind(self, learn_b: bool, first: int) -> None:
@@ -496,14 +498,25 @@ class LedgerMachine(RuleBasedStateMachine):
         for delivery in job.deliveries:
             assert id(delivery) in self.ledger.poison_pending
             msg = delivery.msg
-            ending = data.draw(st.sampled_from(["copied", "refused", "timed out"]))
-            if ending == "copied":
-                assert not self.ledger.copied_already(msg)
-                self.ledger.dead_lettered(msg)
+            if msg.key in self.copied:
+                # Copied before, its +TERM lost, delivered again and poison again: terminated
+                # without a second copy.
                 assert self.ledger.copied_already(msg)
                 msg.term_nowait()
-            else:  # naked again, or left to come back after its ack wait: either way, again
-                self.waiting.append(msg.key)
+                event("a message copied before is terminated, not copied again")
+            else:
+                assert not self.ledger.copied_already(msg)
+                ending = data.draw(
+                    st.sampled_from(["copied", "copied, +TERM lost", "refused", "timed out"])
+                )
+                if ending.startswith("copied"):
+                    self.ledger.dead_lettered(msg)
+                    self.copied.add(msg.key)
+                    assert self.ledger.copied_already(msg)
+                if ending == "copied":
+                    msg.term_nowait()
+                else:  # naked, or left to come back after its ack wait: either way, again
+                    self.waiting.append(msg.key)
             self.ledger.poison_settled(delivery)
             self.pending_poison.discard(id(delivery))
 
@@ -593,6 +606,10 @@ class FakeJetStream:
     def __init__(self, refuse: frozenset[int] = frozenset()) -> None:
         self.published: list[tuple[str, bytes, dict[str, str]]] = []
         self.refuse = refuse
+        #: Set: publishes go through at once; else each waits for it (a slow dead letter).
+        self.gate = trio.Event()
+        self.gate.set()
+        self.publishing = trio.Event()
 
     async def find_stream(self, subject: str) -> str:
         return "DLQ"
@@ -600,6 +617,8 @@ class FakeJetStream:
     async def publish(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
         from headrace.jetstream.errors import JetStreamError
 
+        self.publishing.set()
+        await self.gate.wait()
         await trio.lowlevel.checkpoint()
         if int(headers["Headrace-Stream-Seq"]) in self.refuse:
             raise JetStreamError("refused")
@@ -633,3 +652,27 @@ async def test_poison_beyond_the_trackers_inbox_is_all_dead_lettered_or_naked():
     stats = tracker.stats
     assert (stats.dead_lettered, stats.terms, stats.naks) == (39, 39, 1)
     assert tracker.in_flight == {"A": 0} and stats.ack_pending == 0
+
+
+async def test_a_stop_takes_effect_between_poison_jobs_and_loses_none():
+    """A stop while poison jobs wait, the first one's dead letter slow: that job ends whole
+    (its copy stored, then its +TERM: shielded), the tracker stops before the next one, and
+    the rest stay in the ledger, neither terminated nor naked: the server delivers them again
+    after their ack wait, and the next run dead-letters them."""
+    js = FakeJetStream()
+    js.gate = trio.Event()  # the dead letter waits
+    tracker = AckTracker(Settings(dead_letter="dlq"), js, PipelineStats())  # type: ignore[arg-type]
+    tracker.learn_ack_wait("A", 4.0)
+    fakes = msgs(*range(1, 6), delivered=Settings().max_deliveries)
+    for record in tracker.admit(fakes, "A"):
+        tracker.failed([record], Boom("bad"), "op", "op")
+    async with trio.open_nursery() as nursery:
+        await tracker.start(nursery)
+        with trio.fail_after(5):
+            await js.publishing.wait()  # the first job is in its dead-letter publish
+            tracker.stop()
+            js.gate.set()
+            await tracker.wait_stopped()
+    assert [int(h["Headrace-Stream-Seq"]) for _, _, h in js.published] == [1]
+    assert [(m.terms, len(m.naks)) for m in fakes] == [(1, 0)] + [(0, 0)] * 4
+    assert len(tracker.ledger.poison_pending) == 4

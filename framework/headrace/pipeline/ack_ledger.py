@@ -152,6 +152,12 @@ class AckLedger:
         # Deliveries by arrival, in the groups they arrived in, for the +WPI scan; settled groups
         # leave from the front as they complete, so only what is in flight is kept.
         self._groups: deque[_Group] = deque()
+        # The groups in arrival order whose ``received`` is lower than every later one's: the
+        # first is the oldest of all (a monotonic queue: ``received`` is a batch's ``since``,
+        # which may be older than the batch before it, one from another source or from a
+        # buffer it waited in). It tells when something may have been held for half an ack
+        # wait, whatever the order of the groups.
+        self._oldest: deque[_Group] = deque()
         #: Seconds each +WPI is due ahead of its time: how late the scan has lately woken (a
         #: starved host, a loop held up), doubled, up to a quarter of the ack wait, and that
         #: quarter once a held message was delivered again (its +WPI came too late for the
@@ -213,14 +219,19 @@ class AckLedger:
         (:meth:`_held_again`)."""
         received = now if since is None else since
         groups = self._groups
+        oldest = self._oldest
         # ``now``, not ``since``: a batch's ``since`` is its oldest arrival (or last +WPI), and
-        # a redelivery that came later in the same batch may be one of a held message.
-        if groups and msgs and now - groups[0].received >= self.half_ack_wait(source):
+        # a redelivery that came later in the same batch may be one of a held message. The
+        # oldest group, not the first: groups are not always in the order of ``received``.
+        if oldest and msgs and now - oldest[0].received >= self.half_ack_wait(source):
             msgs = self._held_again(msgs, source, now)
         group = _Group(received, [])
         deliveries = group.deliveries = [Delivery(m, received, source, group) for m in msgs]
         group.open = len(deliveries)
         groups.append(group)
+        while oldest and oldest[-1].received >= received:
+            oldest.pop()
+        oldest.append(group)
         self.in_flight[source] = self.in_flight.get(source, 0) + len(msgs)
         stats = self.stats
         stats.messages_in += len(msgs)
@@ -318,8 +329,11 @@ class AckLedger:
 
     def _forget_settled(self) -> None:
         groups = self._groups
+        oldest = self._oldest
         while groups and groups[0].open <= 0:
-            groups.popleft()
+            gone = groups.popleft()
+            if oldest and oldest[0] is gone:
+                oldest.popleft()
 
     def nak_delay(self, delivered: int) -> float:
         """The delay of the nak of a message delivered ``delivered`` times: ``nak_delay``
