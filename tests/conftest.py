@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -116,5 +117,27 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     terminalreporter.section("FLAKES")
     for report in reruns:
-        reason = str(report.longrepr).strip().splitlines()[-1:] if report.longrepr else [""]
-        terminalreporter.line(f"{report.nodeid}: failed, run again ({reason[0][:200]})")
+        terminalreporter.line(f"{report.nodeid}: failed, run again")
+        # What failed, enough to investigate without the run: the crash and the error lines
+        # (a trio test's failure is an exception group, whose last line is only its border).
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if crash is not None:
+            terminalreporter.line(f"    at {crash.path}:{crash.lineno}: {crash.message[:300]}")
+        for line in _error_lines(str(report.longrepr or ""))[-25:]:
+            terminalreporter.line(f"    {line[:300]}")
+
+
+def _error_lines(text: str) -> list[str]:
+    """The lines of a failure's report that say what went wrong: pytest's ``E`` lines, the
+    exceptions inside an exception group's ``|`` frames, and where in the tests it was."""
+    found = []
+    for raw in text.splitlines():
+        line = raw.lstrip(" |+-")
+        if (
+            line.startswith("E ")
+            or re.match(r"[\w.]*(Error|Exception|Timeout|TooSlow\w*|Failed)\b.*", line)
+            or re.match(r"tests/\S+\.py:\d+", line)
+            or re.match(r'File ".*/tests/\S+", line \d+', line)
+        ) and line not in found[-1:]:
+            found.append(line)
+    return found
